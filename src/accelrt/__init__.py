@@ -1,0 +1,92 @@
+"""accelrt: a framework-neutral, device-agnostic runtime for stream-based accelerators.
+
+One API, modelled on ``torch.accelerator``, for devices, streams, events, synchronization and
+device memory from a PyTorch-compatible caching allocator, whatever the hardware: OpenCL
+(PyOpenCL; PoCL's CPU device on machines without a GPU) and a simulated device.
+
+Importing accelrt initialises no driver.
+
+>>> import accelrt as acc
+>>> acc.current_accelerator()                         # doctest: +SKIP
+Device(type='opencl', index=None)
+"""
+
+from __future__ import annotations
+
+from . import backends as backends
+from ._accelerator import current_accelerator as current_accelerator
+from ._accelerator import current_device_index as current_device_index
+from ._accelerator import device_count as device_count
+from ._accelerator import device_index as device_index
+from ._accelerator import get_device_name as get_device_name
+from ._accelerator import get_device_properties as get_device_properties
+from ._accelerator import is_available as is_available
+from ._accelerator import set_device_index as set_device_index
+from ._accelerator import synchronize as synchronize
+from ._device import Device as Device
+from ._device import DeviceProperties as DeviceProperties
+from ._errors import AcceleratorError as AcceleratorError
+from ._errors import OutOfMemoryError as OutOfMemoryError
+from ._memory import copy_ as copy_
+from ._memory import empty as empty
+from ._memory import empty_cache as empty_cache
+from ._memory import get_memory_info as get_memory_info
+from ._memory import max_memory_allocated as max_memory_allocated
+from ._memory import max_memory_reserved as max_memory_reserved
+from ._memory import memory_allocated as memory_allocated
+from ._memory import memory_reserved as memory_reserved
+from ._memory import memory_stats as memory_stats
+from ._memory import record_stream as record_stream
+from ._memory import reset_accumulated_memory_stats as reset_accumulated_memory_stats
+from ._memory import reset_peak_memory_stats as reset_peak_memory_stats
+from ._memory import set_allocator_settings as set_allocator_settings
+from ._memory import set_per_process_memory_fraction as set_per_process_memory_fraction
+from ._stream import Event as Event
+from ._stream import Stream as Stream
+from ._stream import current_stream as current_stream
+from ._stream import set_stream as set_stream
+from ._units import format_bytes as format_bytes
+from ._units import parse_bytes as parse_bytes
+from .memory._buffer import Buffer as Buffer
+from .memory._config import AllocatorConfig as AllocatorConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcceleratorError",
+    "AllocatorConfig",
+    "Buffer",
+    "Device",
+    "DeviceProperties",
+    "Event",
+    "OutOfMemoryError",
+    "Stream",
+    "backends",
+    "copy_",
+    "current_accelerator",
+    "current_device_index",
+    "current_stream",
+    "device_count",
+    "device_index",
+    "empty",
+    "empty_cache",
+    "format_bytes",
+    "get_device_name",
+    "get_device_properties",
+    "get_memory_info",
+    "is_available",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "parse_bytes",
+    "record_stream",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_allocator_settings",
+    "set_device_index",
+    "set_per_process_memory_fraction",
+    "set_stream",
+    "synchronize",
+]

@@ -1,0 +1,91 @@
+"""accelrt's exceptions.
+
+::
+
+    RuntimeError
+     └── AcceleratorError            a device, stream or event operation failed
+          └── OutOfMemoryError       (also a MemoryError) the allocator could not get memory
+    ValueError / TypeError           bad arguments (plain built-ins, never wrapped)
+
+``OutOfMemoryError`` carries the figures its message states, so programs can react to them
+without parsing text, and it pickles (it crosses process boundaries in multiprocessing pools).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["AcceleratorError", "OutOfMemoryError"]
+
+
+class AcceleratorError(RuntimeError):
+    """A device, stream or event operation failed in a backend.
+
+    Mirrors ``torch.AcceleratorError``: raised for failures reported by the device driver, never
+    for bad arguments (those raise ``ValueError`` or ``TypeError``).
+    """
+
+
+class OutOfMemoryError(AcceleratorError, MemoryError):
+    """The caching allocator could not obtain device memory for a request.
+
+    Mirrors ``torch.OutOfMemoryError``. Raised after the allocator has tried every step of its
+    malloc ladder (ALLOCATOR.md section 6): reuse, a new segment, releasing cached blocks and a
+    retry. The allocator is unchanged by the failed request and stays usable.
+
+    Parameters
+    ----------
+    message : str
+        The full, human-readable explanation.
+    device : str
+        The device, e.g. ``"opencl:0"``.
+    requested_bytes : int
+        The size the caller asked for.
+    allocation_bytes : int
+        The size the allocator tried to obtain from the device (the segment size).
+    allocated_bytes : int
+        Bytes handed out by the allocator on that device when it failed.
+    reserved_bytes : int
+        Bytes held from the device by the allocator (allocated plus cached).
+    free_bytes : int
+        Free device memory as the backend reported it.
+    total_bytes : int
+        The device's total memory.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: str,
+        requested_bytes: int,
+        allocation_bytes: int,
+        allocated_bytes: int,
+        reserved_bytes: int,
+        free_bytes: int,
+        total_bytes: int,
+    ) -> None:
+        super().__init__(message)
+        self.device = device
+        self.requested_bytes = requested_bytes
+        self.allocation_bytes = allocation_bytes
+        self.allocated_bytes = allocated_bytes
+        self.reserved_bytes = reserved_bytes
+        self.free_bytes = free_bytes
+        self.total_bytes = total_bytes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        kwargs = {
+            "device": self.device,
+            "requested_bytes": self.requested_bytes,
+            "allocation_bytes": self.allocation_bytes,
+            "allocated_bytes": self.allocated_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "free_bytes": self.free_bytes,
+            "total_bytes": self.total_bytes,
+        }
+        return (_rebuild_oom, (str(self), kwargs))
+
+
+def _rebuild_oom(message: str, kwargs: dict[str, Any]) -> OutOfMemoryError:
+    return OutOfMemoryError(message, **kwargs)

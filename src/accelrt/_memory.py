@@ -1,0 +1,363 @@
+"""The top-level memory API: allocation, copies and statistics of the caching allocator.
+
+Mirrors ``torch.accelerator``'s memory functions (``memory_stats``, ``memory_allocated``, ...,
+``empty_cache``, ``get_memory_info``) and ``torch.cuda.set_per_process_memory_fraction``.
+Before a device's allocator exists, the statistics functions return empty results and create
+nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _runtime
+from ._device import DeviceLike
+from ._stream import Stream, current_stream
+from .memory._allocator import _as_size
+from .memory._buffer import Buffer
+from .memory._config import AllocatorConfig
+
+__all__ = [
+    "copy_",
+    "empty",
+    "empty_cache",
+    "get_memory_info",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "record_stream",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_allocator_settings",
+    "set_per_process_memory_fraction",
+]
+
+
+def empty(nbytes: int, *, device: DeviceLike = None, stream: Stream | None = None) -> Buffer:
+    """Allocate uninitialised device memory from the caching allocator.
+
+    Parameters
+    ----------
+    nbytes : int
+        Size in bytes, 0 <= nbytes <= 2**60. Zero gives an empty buffer (``ptr == 0``) without
+        touching the allocator, as PyTorch does.
+    device : int, str, Device or None
+        The device; None for ``stream``'s device, else the current device.
+    stream : Stream, optional
+        The stream the memory will be used on; default the device's current stream.
+
+    Returns
+    -------
+    Buffer
+
+    Raises
+    ------
+    TypeError
+        If ``nbytes`` is not an integer, ``stream`` not a Stream, or ``device`` of a bad type.
+    ValueError
+        If ``nbytes`` is negative or over 2**60, the device is out of range or not the
+        accelerator's, or ``device`` and ``stream`` disagree.
+    RuntimeError
+        If there is no accelerator.
+    OutOfMemoryError
+        If the device has no memory for the request (the message explains the state).
+
+    Examples
+    --------
+    >>> import accelrt as acc
+    >>> with acc.empty(1 << 20) as buf:
+    ...     buf.nbytes
+    1048576
+    """
+    if type(nbytes) is not int:
+        nbytes = _as_size(nbytes)
+    if nbytes < 0:
+        raise ValueError(f"allocation size must be >= 0 bytes, got {nbytes}")
+    if stream is None:
+        backend, index = _runtime.resolve_device(device)
+        stream = current_stream(index)
+    else:
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an accelrt.Stream, got {type(stream).__name__}")
+        backend, index = stream._backend, stream._index
+        if device is not None:
+            d_backend, d_index = _runtime.resolve_device(device)
+            if (d_backend.name, d_index) != (backend.name, index):
+                raise ValueError(
+                    f"device {device!r} and the stream's device {stream.device} differ; "
+                    "pass one of them"
+                )
+    if nbytes == 0:
+        return Buffer(None, None, 0, stream)
+    allocator = _runtime.get_allocator(backend, index)
+    return Buffer(allocator, allocator.malloc(nbytes, stream._handle), nbytes, stream)
+
+
+def record_stream(buffer: Buffer, stream: Stream) -> None:
+    """Mark ``buffer`` as used on ``stream``: its memory is not reused before that work ends.
+
+    Parameters
+    ----------
+    buffer : Buffer
+        Memory from ``accelrt.empty``.
+    stream : Stream
+        Another stream of the same device that uses the memory.
+
+    Raises
+    ------
+    TypeError
+        If the arguments are not a Buffer and a Stream.
+    ValueError
+        If the buffer was freed, or the stream is on another device.
+
+    Notes
+    -----
+    When the buffer is freed, an event is recorded on every such stream and the block returns
+    to the pool only once they have all completed. Mirrors ``torch.Tensor.record_stream``.
+    """
+    if not isinstance(buffer, Buffer):
+        raise TypeError(f"record_stream() takes a Buffer, got {type(buffer).__name__}")
+    if not isinstance(stream, Stream):
+        raise TypeError(f"record_stream() takes a Stream, got {type(stream).__name__}")
+    if buffer.nbytes == 0:
+        return
+    if stream.device != buffer.device:
+        raise ValueError(f"stream {stream!r} is not on the buffer's device {buffer.device}")
+    buffer.allocator.record_stream(buffer.block, stream.handle)
+
+
+def _host_view(array: Any, *, writable: bool) -> memoryview:
+    try:
+        view = memoryview(array)
+    except TypeError:
+        raise TypeError(
+            f"expected a Buffer or a host array (numpy or buffer protocol), got "
+            f"{type(array).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError("host array must be C-contiguous; use numpy.ascontiguousarray()")
+    if writable and view.readonly:
+        raise ValueError("destination host array is read-only")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
+    """Copy bytes between host arrays and device buffers, asynchronously on a stream.
+
+    Parameters
+    ----------
+    dst : Buffer or host array
+        Where to copy to; a host array must be C-contiguous and writable.
+    src : Buffer or host array
+        What to copy; same size in bytes as ``dst``.
+    stream : Stream, optional
+        The stream the copy runs on; default the current stream of the buffer's device.
+
+    Returns
+    -------
+    dst
+
+    Raises
+    ------
+    TypeError
+        If neither side is a Buffer, or a side is neither a Buffer nor a host array.
+    ValueError
+        If sizes differ, a buffer was freed, buffers are on different devices, or the stream
+        is on another device.
+
+    Notes
+    -----
+    Host-to-device and device-to-device copies are asynchronous; host memory is kept alive
+    until the copy completes. Synchronize the stream before reading a device-to-host
+    destination. Mirrors ``torch.Tensor.copy_(non_blocking=True)``.
+    """
+    buffers = [b for b in (dst, src) if isinstance(b, Buffer)]
+    if not buffers:
+        raise TypeError("copy_() needs at least one accelrt.Buffer; use numpy to copy host arrays")
+    device = buffers[0].device
+    if any(b.device != device for b in buffers):
+        raise ValueError(f"copy_() between devices {dst.device} and {src.device} is not supported")
+    target: int | memoryview = dst.block.address if isinstance(dst, Buffer) else _host_view(
+        dst, writable=True
+    )
+    source: int | memoryview = src.block.address if isinstance(src, Buffer) else _host_view(
+        src, writable=False
+    )
+    dst_bytes = dst.nbytes if isinstance(dst, Buffer) else len(target)  # type: ignore[arg-type]
+    src_bytes = src.nbytes if isinstance(src, Buffer) else len(source)  # type: ignore[arg-type]
+    if dst_bytes != src_bytes:
+        raise ValueError(f"copy_() sizes differ: dst has {dst_bytes} bytes, src {src_bytes}")
+    if stream is None:
+        stream = current_stream(device.index)
+    elif stream.device != device:
+        raise ValueError(f"stream {stream!r} is not on the buffers' device {device}")
+    if dst_bytes:
+        stream._backend.memcpy_async(stream._index, target, source, dst_bytes, stream._handle)
+    return dst
+
+
+def _stats_of(device: DeviceLike) -> dict[str, int]:
+    backend, index = _runtime.resolve_device(device)
+    allocator = _runtime.peek_allocator(backend, index)
+    return allocator.memory_stats() if allocator is not None else {}
+
+
+def memory_stats(device: DeviceLike = None) -> dict[str, int]:
+    """Return the caching allocator's statistics for a device.
+
+    Parameters
+    ----------
+    device : int, str, Device or None
+        The device; None for the current device.
+
+    Returns
+    -------
+    dict of str to int
+        Flat keys ``<stat>.<pool>.<metric>`` sorted (``allocated_bytes.all.current``, ...; see
+        ALLOCATOR.md section 8). Empty before the device's allocator exists.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no accelerator.
+    TypeError, ValueError
+        For a bad device argument.
+
+    Notes
+    -----
+    Mirrors ``torch.accelerator.memory_stats``.
+    """
+    return _stats_of(device)
+
+
+def memory_allocated(device: DeviceLike = None) -> int:
+    """Return the bytes currently allocated (``allocated_bytes.all.current``); 0 before use.
+
+    Mirrors ``torch.accelerator.memory_allocated``. Raises as ``memory_stats``.
+    """
+    return _stats_of(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device: DeviceLike = None) -> int:
+    """Return the peak of allocated bytes since start or the last peak reset; 0 before use.
+
+    Mirrors ``torch.accelerator.max_memory_allocated``. Raises as ``memory_stats``.
+    """
+    return _stats_of(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device: DeviceLike = None) -> int:
+    """Return the bytes held from the device (``reserved_bytes.all.current``); 0 before use.
+
+    Mirrors ``torch.accelerator.memory_reserved``. Raises as ``memory_stats``.
+    """
+    return _stats_of(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device: DeviceLike = None) -> int:
+    """Return the peak of reserved bytes since start or the last peak reset; 0 before use.
+
+    Mirrors ``torch.accelerator.max_memory_reserved``. Raises as ``memory_stats``.
+    """
+    return _stats_of(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device: DeviceLike = None) -> None:
+    """Set every peak statistic of the device to its current value; no-op before use.
+
+    Mirrors ``torch.accelerator.reset_peak_memory_stats``. Raises as ``memory_stats``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    allocator = _runtime.peek_allocator(backend, index)
+    if allocator is not None:
+        allocator.reset_peak_memory_stats()
+
+
+def reset_accumulated_memory_stats(device: DeviceLike = None) -> None:
+    """Zero the accumulated (allocated/freed) statistics and num_* counters; no-op before use.
+
+    Mirrors ``torch.accelerator.reset_accumulated_memory_stats``. Raises as ``memory_stats``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    allocator = _runtime.peek_allocator(backend, index)
+    if allocator is not None:
+        allocator.reset_accumulated_memory_stats()
+
+
+def empty_cache(device: DeviceLike = None) -> None:
+    """Return every cached, unused segment of the device to the driver; no-op before use.
+
+    Waits for pending cross-stream frees first. Memory still allocated, and free pieces of
+    partly used segments, stay. Mirrors ``torch.accelerator.empty_cache``. Raises as
+    ``memory_stats``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    allocator = _runtime.peek_allocator(backend, index)
+    if allocator is not None:
+        allocator.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction: float, device: DeviceLike = None) -> None:
+    """Cap the memory the allocator may reserve on a device at ``fraction`` of its total.
+
+    Parameters
+    ----------
+    fraction : float
+        0 < fraction <= 1.
+    device : int, str, Device or None
+        The device; None for the current device.
+
+    Raises
+    ------
+    TypeError
+        If ``fraction`` is not a number.
+    ValueError
+        If ``fraction`` is outside (0, 1], or for a bad device argument.
+    RuntimeError
+        If there is no accelerator.
+
+    Notes
+    -----
+    Creates the device's allocator. Allocations past the cap raise ``OutOfMemoryError``
+    without asking the device. Mirrors ``torch.cuda.set_per_process_memory_fraction``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    _runtime.get_allocator(backend, index).set_memory_fraction(fraction)
+
+
+def get_memory_info(device: DeviceLike = None) -> tuple[int, int]:
+    """Return ``(free_bytes, total_bytes)`` of a device as the backend reports it.
+
+    Raises as ``memory_stats``. Initialises the backend's device if needed. On OpenCL, free is
+    the total minus what this process holds (OpenCL cannot query free memory). Mirrors
+    ``torch.accelerator.get_memory_info``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    return backend.mem_get_info(index)
+
+
+def set_allocator_settings(settings: str) -> None:
+    """Change allocator settings at run time, in ``ACCELRT_ALLOC_CONF`` syntax.
+
+    Parameters
+    ----------
+    settings : str
+        E.g. ``"max_split_size_mb:128,garbage_collection_threshold:0.8"``; keys not named keep
+        their value.
+
+    Raises
+    ------
+    TypeError
+        If ``settings`` is not a string.
+    ValueError
+        For unknown keys or bad values; nothing changes then.
+
+    Notes
+    -----
+    Applies to every existing allocator and to later ones. Mirrors
+    ``torch._C._accelerator_setAllocatorSettings``.
+    """
+    config = AllocatorConfig.parse(settings, base=_runtime.allocator_config())
+    _runtime.set_allocator_config(config)

@@ -1,0 +1,256 @@
+"""Runtime state: which backend is the accelerator, the current device, and the allocators.
+
+The accelerator is chosen once per process, lazily: ``ACCELRT_BACKEND`` if set, else
+auto-detection (an OpenCL GPU, else the OpenCL CPU device); ``accelrt.backends.use(name)``
+switches it explicitly (the simulated backend is only ever chosen that way). The current device
+is per thread. One ``CachingAllocator`` per (backend, device), created on first allocation.
+
+Every device argument of the top-level API goes through :func:`resolve_device`, the one
+normaliser (mirrors ``torch.accelerator._utils._get_device_index``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from ._device import Device, DeviceLike
+from .backends._base import Backend, get_backend
+
+if TYPE_CHECKING:
+    from .memory._allocator import CachingAllocator
+    from .memory._config import AllocatorConfig
+
+__all__ = [
+    "accelerator",
+    "allocator_config",
+    "device_count",
+    "get_allocator",
+    "peek_allocator",
+    "resolve_device",
+    "set_allocator_config",
+    "use",
+]
+
+ENV_BACKEND = "ACCELRT_BACKEND"
+AUTO_ORDER = ("opencl",)
+NO_ACCELERATOR = "Cannot access accelerator device when none is available."
+
+_lock = threading.RLock()
+_chosen: list[Backend | None] = []  # empty until chosen; [None] when there is no accelerator
+_allocators: dict[tuple[str, int], CachingAllocator] = {}
+_config: list[AllocatorConfig] = []
+_local = threading.local()
+
+
+def use(name: str) -> Backend:
+    """Make the backend called ``name`` the accelerator of this process.
+
+    Parameters
+    ----------
+    name : str
+        A registered backend, e.g. ``"opencl"`` or ``"sim"``.
+
+    Returns
+    -------
+    Backend
+        The backend now in use.
+
+    Raises
+    ------
+    ValueError
+        If no backend of that name is registered.
+
+    Notes
+    -----
+    Allocators and streams of the previous accelerator stay alive and keep their memory; the
+    current device of each thread is tracked per backend, so switching back restores it.
+    """
+    backend = get_backend(name)
+    with _lock:
+        _chosen[:] = [backend]
+    return backend
+
+
+def accelerator() -> Backend | None:
+    """Return the accelerator backend, choosing it on first call; None if there is none.
+
+    Raises
+    ------
+    ValueError
+        If ``ACCELRT_BACKEND`` names an unregistered backend.
+    """
+    if _chosen:
+        return _chosen[0]
+    with _lock:
+        if not _chosen:
+            _chosen.append(_detect())
+        return _chosen[0]
+
+
+def _detect() -> Backend | None:
+    name = os.environ.get(ENV_BACKEND, "").strip()
+    if name:
+        try:
+            return get_backend(name)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_BACKEND}={name!r}: {exc}") from None
+    for candidate in AUTO_ORDER:
+        try:
+            backend = get_backend(candidate)
+        except (ImportError, ValueError):
+            continue
+        if backend.is_available():
+            return backend
+    return None
+
+
+def require_accelerator() -> Backend:
+    """Return the accelerator backend.
+
+    Raises
+    ------
+    RuntimeError
+        ``"Cannot access accelerator device when none is available."`` if there is none or it
+        has no device.
+    """
+    backend = accelerator()
+    if backend is None or backend.device_count() == 0:
+        raise RuntimeError(NO_ACCELERATOR)
+    return backend
+
+
+def device_count() -> int:
+    """Return the number of accelerator devices; 0 without an accelerator. Never raises."""
+    try:
+        backend = accelerator()
+    except ValueError:
+        return 0
+    return 0 if backend is None else backend.device_count()
+
+
+def current_index(backend: Backend) -> int:
+    """Return this thread's current device index for ``backend`` (0 until set)."""
+    indices: dict[str, int] | None = getattr(_local, "indices", None)
+    if indices is None:
+        return 0
+    return indices.get(backend.name, 0)
+
+
+def set_current_index(backend: Backend, index: int) -> None:
+    """Set this thread's current device of ``backend`` (index already range-checked)."""
+    indices: dict[str, int] | None = getattr(_local, "indices", None)
+    if indices is None:
+        indices = _local.indices = {}
+    indices[backend.name] = index
+
+
+def check_index(backend: Backend, index: int) -> int:
+    """Return ``index`` if it is a device of ``backend``.
+
+    Raises
+    ------
+    ValueError
+        ``"device index N is out of range [0, count)"``.
+    """
+    count = backend.device_count()
+    if not 0 <= index < count:
+        raise ValueError(f"device index {index} is out of range [0, {count})")
+    return index
+
+
+def resolve_device(device: DeviceLike, *, optional: bool = True) -> tuple[Backend, int]:
+    """Normalise a device argument into (accelerator backend, checked device index).
+
+    Parameters
+    ----------
+    device : int, str, Device or None
+        An index of an accelerator device, a string such as ``"opencl:0"``, a ``Device``, or
+        None for the current device.
+    optional : bool
+        Whether None (and a ``Device`` without an index) may stand for the current device.
+
+    Returns
+    -------
+    (Backend, int)
+
+    Raises
+    ------
+    RuntimeError
+        If there is no accelerator.
+    TypeError
+        If ``device`` is of another type.
+    ValueError
+        If the string is malformed, the type is not the current accelerator's, an index is
+        required but missing, or the index is out of range.
+    """
+    if isinstance(device, bool) or not isinstance(device, (int, str, Device, type(None))):
+        raise TypeError(
+            f"device must be an int index, a string like 'opencl:0', a Device or None; "
+            f"got {type(device).__name__} {device!r}"
+        )
+    backend = require_accelerator()
+    if isinstance(device, int):
+        return backend, check_index(backend, device)
+    if isinstance(device, str):
+        device = Device(device)
+    if device is not None and device.type != backend.name:
+        raise ValueError(
+            f"device type {device.type!r} doesn't match the current accelerator "
+            f"{backend.name!r}; pass an index, a {backend.name!r} device, or switch with "
+            f"accelrt.backends.use({device.type!r})"
+        )
+    index = None if device is None else device.index
+    if index is None:
+        if not optional:
+            raise ValueError(
+                f"expected a device with an index or an int, got {device!r}; "
+                f"e.g. '{backend.name}:0'"
+            )
+        return backend, current_index(backend)
+    return backend, check_index(backend, index)
+
+
+def allocator_config() -> AllocatorConfig:
+    """Return the settings new allocators get (``ACCELRT_ALLOC_CONF`` until changed).
+
+    Raises
+    ------
+    ValueError
+        If ``ACCELRT_ALLOC_CONF`` is invalid.
+    """
+    from .memory._config import AllocatorConfig
+
+    with _lock:
+        if not _config:
+            _config.append(AllocatorConfig.from_env())
+        return _config[0]
+
+
+def set_allocator_config(config: AllocatorConfig) -> None:
+    """Apply ``config`` to every existing allocator and to those created later."""
+    with _lock:
+        _config[:] = [config]
+        for allocator in _allocators.values():
+            allocator.set_config(config)
+
+
+def get_allocator(backend: Backend, index: int) -> CachingAllocator:
+    """Return the allocator of a device, creating it on first use."""
+    allocator = _allocators.get((backend.name, index))
+    if allocator is not None:
+        return allocator
+    from .memory._allocator import CachingAllocator
+
+    with _lock:
+        allocator = _allocators.get((backend.name, index))
+        if allocator is None:
+            allocator = CachingAllocator(backend, index, allocator_config())
+            _allocators[(backend.name, index)] = allocator
+        return allocator
+
+
+def peek_allocator(backend: Backend, index: int) -> CachingAllocator | None:
+    """Return the allocator of a device if it exists; never creates one."""
+    return _allocators.get((backend.name, index))

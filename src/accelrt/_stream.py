@@ -1,0 +1,329 @@
+"""``Stream`` and ``Event``: device-agnostic wrappers around a backend's stream and event handles.
+
+Mirrors ``torch.Stream`` / ``torch.Event`` and ``torch.accelerator.current_stream`` /
+``set_stream``. The current stream is per thread and per device; until set it is the device's
+default stream (handle 0).
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import Any
+
+from . import _runtime
+from ._device import Device, DeviceLike
+from .backends._base import Backend
+
+__all__ = ["Event", "Stream", "current_stream", "set_stream"]
+
+_local = threading.local()
+
+
+class Stream:
+    """A queue of device work that runs in order; work on different streams may overlap.
+
+    Parameters
+    ----------
+    device : int, str, Device or None
+        The device; None for the current device.
+    priority : int
+        Scheduling priority hint; lower is more urgent (CUDA's convention). Backends without
+        priorities ignore it.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no accelerator.
+    TypeError, ValueError
+        For a bad device argument (see ``accelrt.current_device_index``).
+
+    Notes
+    -----
+    Creating a stream does not make it current; use ``with stream:`` or ``set_stream``. Streams
+    compare equal when they wrap the same handle on the same device. Mirrors ``torch.Stream``.
+
+    Examples
+    --------
+    >>> import accelrt as acc
+    >>> s = acc.Stream()
+    >>> with s:
+    ...     assert acc.current_stream() == s
+    """
+
+    __slots__ = ("_backend", "_handle", "_index", "_owned", "_priority", "__weakref__")
+
+    def __init__(self, device: DeviceLike = None, priority: int = 0) -> None:
+        backend, index = _runtime.resolve_device(device)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"stream priority must be an int, got {priority!r}")
+        self._backend = backend
+        self._index = index
+        self._priority = priority
+        self._handle = backend.stream_create(index, priority)
+        self._owned = True
+
+    @classmethod
+    def _wrap(cls, backend: Backend, index: int, handle: int, priority: int = 0) -> Stream:
+        stream = cls.__new__(cls)
+        stream._backend = backend
+        stream._index = index
+        stream._handle = handle
+        stream._priority = priority
+        stream._owned = False
+        return stream
+
+    @property
+    def device(self) -> Device:
+        """The stream's device."""
+        return Device(self._backend.name, self._index)
+
+    @property
+    def device_index(self) -> int:
+        """The stream's device index."""
+        return self._index
+
+    @property
+    def handle(self) -> int:
+        """The backend's stream handle (0 is the device's default stream)."""
+        return self._handle
+
+    @property
+    def priority(self) -> int:
+        """The priority the stream was created with."""
+        return self._priority
+
+    def query(self) -> bool:
+        """Return True if all work submitted to the stream has completed. Does not block."""
+        return self._backend.stream_query(self._index, self._handle)
+
+    def synchronize(self) -> None:
+        """Block until all work submitted to the stream has completed."""
+        self._backend.stream_synchronize(self._index, self._handle)
+
+    def wait_event(self, event: Event) -> None:
+        """Make future work on this stream wait for ``event``; the host does not block.
+
+        Raises
+        ------
+        TypeError
+            If ``event`` is not an ``Event``.
+        """
+        if not isinstance(event, Event):
+            raise TypeError(f"wait_event() takes an Event, got {type(event).__name__}")
+        if event._handle is not None:
+            self._backend.stream_wait_event(self._index, self._handle, event._handle)
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Make future work on this stream wait for the work already submitted to ``stream``.
+
+        Raises
+        ------
+        TypeError
+            If ``stream`` is not a ``Stream``.
+        """
+        if not isinstance(stream, Stream):
+            raise TypeError(f"wait_stream() takes a Stream, got {type(stream).__name__}")
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new one if None) at the current end of this stream and return it."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    def __enter__(self) -> Stream:
+        stack: list[tuple[int, Stream]] | None = getattr(_local, "stack", None)
+        if stack is None:
+            stack = _local.stack = []
+        stack.append((_runtime.current_index(self._backend), _current(self._backend, self._index)))
+        _runtime.set_current_index(self._backend, self._index)
+        _set_current(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        previous_index, previous_stream = _local.stack.pop()
+        _set_current(previous_stream)
+        _runtime.set_current_index(self._backend, previous_index)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stream):
+            return False
+        return (self._backend.name, self._index, self._handle) == (
+            other._backend.name,
+            other._index,
+            other._handle,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._backend.name, self._index, self._handle))
+
+    def __repr__(self) -> str:
+        return f"Stream(device={self.device!s}, handle={self._handle:#x})"
+
+    def __del__(self) -> None:
+        try:
+            if self._owned:
+                self._owned = False
+                self._backend.stream_destroy(self._index, self._handle)
+        except Exception:  # __del__ never raises
+            pass
+
+
+class Event:
+    """A point in a stream's work: record it, wait for it, time between two of them.
+
+    Parameters
+    ----------
+    enable_timing : bool
+        Allow ``elapsed_time``. Default False.
+
+    Notes
+    -----
+    An event belongs to no device until first recorded (``device`` is None); ``query`` is True
+    before recording. Mirrors ``torch.Event``.
+    """
+
+    __slots__ = ("_backend", "_enable_timing", "_handle", "_index")
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self._enable_timing = bool(enable_timing)
+        self._backend: Backend | None = None
+        self._index: int | None = None
+        self._handle: Any = None
+
+    @property
+    def device(self) -> Device | None:
+        """The device of the stream it was last recorded on; None before recording."""
+        if self._backend is None:
+            return None
+        return Device(self._backend.name, self._index)
+
+    @property
+    def enable_timing(self) -> bool:
+        """Whether the event can time work."""
+        return self._enable_timing
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Record the event at the current end of ``stream`` (the current stream if None).
+
+        Raises
+        ------
+        ValueError
+            If the event was recorded on another device before.
+        """
+        if stream is None:
+            stream = current_stream()
+        if self._backend is None:
+            self._backend, self._index = stream._backend, stream._index
+            self._handle = stream._backend.event_create(stream._index, self._enable_timing)
+        elif (self._backend.name, self._index) != (stream._backend.name, stream._index):
+            raise ValueError(
+                f"event was recorded on {self.device} and cannot be recorded on a stream of "
+                f"{stream.device}; create a new Event"
+            )
+        stream._backend.event_record(self._handle, stream._index, stream._handle)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make future work on ``stream`` (the current stream if None) wait for this event."""
+        (stream if stream is not None else current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        """Return True if the recorded work has completed (True if never recorded)."""
+        if self._backend is None:
+            return True
+        return self._backend.event_query(self._handle)
+
+    def synchronize(self) -> None:
+        """Block until the recorded work has completed (returns at once if never recorded)."""
+        if self._backend is not None:
+            self._backend.event_synchronize(self._handle)
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Return the milliseconds between this event and ``end_event``.
+
+        Raises
+        ------
+        ValueError
+            If either event was created without ``enable_timing=True``, or either has not
+            been recorded. Waits for ``end_event`` to complete first.
+        """
+        if not (self._enable_timing and end_event._enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
+        if self._backend is None or end_event._backend is None:
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+        end_event.synchronize()
+        return self._backend.event_elapsed_ms(self._handle, end_event._handle)
+
+    def __repr__(self) -> str:
+        return f"Event(device={self.device}, enable_timing={self._enable_timing})"
+
+
+def _current(backend: Backend, index: int) -> Stream:
+    streams: dict[tuple[str, int], Stream] | None = getattr(_local, "streams", None)
+    stream = streams.get((backend.name, index)) if streams is not None else None
+    if stream is None:
+        stream = Stream._wrap(backend, index, 0)
+        _set_current(stream)
+    return stream
+
+
+def _set_current(stream: Stream) -> None:
+    streams: dict[tuple[str, int], Stream] | None = getattr(_local, "streams", None)
+    if streams is None:
+        streams = _local.streams = {}
+    streams[(stream._backend.name, stream._index)] = stream
+
+
+def current_stream(device: DeviceLike = None) -> Stream:
+    """Return this thread's current stream of a device (its default stream until set).
+
+    Parameters
+    ----------
+    device : int, str, Device or None
+        The device; None for the current device.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no accelerator.
+    TypeError, ValueError
+        For a bad device argument.
+
+    Notes
+    -----
+    Mirrors ``torch.accelerator.current_stream``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    return _current(backend, index)
+
+
+def set_stream(stream: Stream) -> None:
+    """Make ``stream`` current on its device, and make its device the current device.
+
+    Raises
+    ------
+    TypeError
+        If ``stream`` is not a ``Stream``.
+    ValueError
+        If the stream belongs to a backend that is not the current accelerator.
+
+    Notes
+    -----
+    Mirrors ``torch.accelerator.set_stream``.
+    """
+    if not isinstance(stream, Stream):
+        raise TypeError(f"set_stream() takes a Stream, got {type(stream).__name__}")
+    if stream._backend is not _runtime.require_accelerator():
+        raise ValueError(
+            f"stream {stream!r} is not on the current accelerator "
+            f"{_runtime.require_accelerator().name!r}"
+        )
+    _runtime.set_current_index(stream._backend, stream._index)
+    _set_current(stream)

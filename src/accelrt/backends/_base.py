@@ -1,0 +1,222 @@
+"""The ``Backend`` Protocol every device backend implements, and the backend registry.
+
+A backend is small and dumb: raw device memory, streams, events, copies and discovery. The
+caching allocator, the current-device and current-stream state and every check of user input
+live above it and are shared by all backends (the XPU-upstreaming design of PyTorch's
+allocator: one generic allocator over per-backend primitives).
+
+Handles: a stream is an ``int`` that is unique within its backend, and ``0`` is each device's
+default stream (as CUDA's legacy stream is). An event is an opaque object the backend creates.
+Host memory in copies is a ``memoryview`` (writable for device-to-host copies).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from .._device import DeviceProperties
+
+__all__ = [
+    "Backend",
+    "BackendOutOfMemory",
+    "available_backends",
+    "get_backend",
+    "registered_backends",
+]
+
+ENTRY_POINT_GROUP = "accelrt.backends"
+
+_BUILTIN: dict[str, str] = {
+    "opencl": "accelrt.backends.opencl:OpenCLBackend",
+    "sim": "accelrt.backends.sim:SimBackend",
+}
+
+
+class BackendOutOfMemory(Exception):
+    """Raised by ``Backend.malloc`` when the device has no memory for the request.
+
+    The caching allocator catches it and runs the rest of its malloc ladder; any other
+    exception from ``malloc`` is a driver failure and propagates.
+    """
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The primitives a device backend gives the runtime and the caching allocator.
+
+    Every method takes a device index that the caller has already range-checked. Methods must
+    not create driver contexts in ``is_available`` and ``device_count`` where the API allows.
+    """
+
+    name: str
+    """The device type, e.g. ``"opencl"``; used in device strings (``"opencl:0"``)."""
+
+    def is_available(self) -> bool:
+        """Return True if the backend can be used (library importable, >= 1 device); never raises."""
+
+    def device_count(self) -> int:
+        """Return the number of usable devices; 0 when unavailable; never raises."""
+
+    def get_device_properties(self, index: int) -> DeviceProperties:
+        """Return the properties of device ``index``."""
+
+    def supports_virtual_memory(self) -> bool:
+        """Return True if the backend can reserve address space and map pages (VMM)."""
+
+    def malloc(self, index: int, nbytes: int) -> int:
+        """Allocate ``nbytes`` of device memory and return its address.
+
+        Raises ``BackendOutOfMemory`` when the device is full; anything else is a driver error.
+        """
+
+    def free(self, index: int, ptr: int) -> None:
+        """Release memory returned by ``malloc``. Waits for the device's queued work first."""
+
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        """Return ``(free_bytes, total_bytes)`` of the device."""
+
+    def stream_create(self, index: int, priority: int) -> int:
+        """Create a stream on the device and return its handle."""
+
+    def stream_destroy(self, index: int, stream: int) -> None:
+        """Destroy a stream created by ``stream_create`` (never the default stream)."""
+
+    def stream_query(self, index: int, stream: int) -> bool:
+        """Return True if all work submitted to the stream has completed."""
+
+    def stream_synchronize(self, index: int, stream: int) -> None:
+        """Block until all work submitted to the stream has completed."""
+
+    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+        """Make future work on ``stream`` wait for ``event`` (no host blocking)."""
+
+    def event_create(self, index: int, timing: bool) -> Any:
+        """Create an event on the device; ``timing`` enables ``event_elapsed_ms``."""
+
+    def event_record(self, event: Any, index: int, stream: int) -> None:
+        """Record ``event`` at the current end of ``stream``."""
+
+    def event_query(self, event: Any) -> bool:
+        """Return True if the work captured by the event has completed (True if unrecorded)."""
+
+    def event_synchronize(self, event: Any) -> None:
+        """Block until the work captured by the event has completed."""
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        """Return the milliseconds between two recorded, completed timing events."""
+
+    def memcpy_async(
+        self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
+    ) -> None:
+        """Copy ``nbytes`` on ``stream``: host to device, device to host or device to device.
+
+        Device memory is an ``int`` address; host memory a ``memoryview`` (C-contiguous bytes)
+        that the backend keeps alive until the copy completes.
+        """
+
+    def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Set ``nbytes`` bytes at ``ptr`` to the byte ``value`` on ``stream``."""
+
+    def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview | None:
+        """Return a writable host view of device memory, or None if it is not host-accessible."""
+
+    def synchronize(self, index: int) -> None:
+        """Block until all work on every stream of the device has completed."""
+
+
+_lock = threading.Lock()
+_instances: dict[str, Backend] = {}
+
+
+def _entry_point_targets() -> dict[str, Any]:
+    targets: dict[str, Any] = dict(_BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        targets.setdefault(ep.name, ep)
+    return targets
+
+
+def registered_backends() -> list[str]:
+    """Return the names of all registered backends, built-in and from entry points, sorted.
+
+    Returns
+    -------
+    list of str
+        Backend names; registering does not mean available (see :func:`available_backends`).
+
+    Notes
+    -----
+    Reads installed package metadata; imports no backend and initialises no driver.
+    """
+    return sorted(_entry_point_targets())
+
+
+def get_backend(name: str) -> Backend:
+    """Return the process-wide instance of the backend called ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A registered backend name, e.g. ``"opencl"`` or ``"sim"``.
+
+    Returns
+    -------
+    Backend
+        The backend instance (created on first use; creating it initialises no driver).
+
+    Raises
+    ------
+    TypeError
+        If ``name`` is not a string.
+    ValueError
+        If no backend of that name is registered; the message lists the registered ones.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, got {name!r}")
+    with _lock:
+        backend = _instances.get(name)
+        if backend is not None:
+            return backend
+        targets = _entry_point_targets()
+        target = targets.get(name)
+        if target is None:
+            raise ValueError(
+                f"unknown backend {name!r}; registered backends: {', '.join(sorted(targets))}. "
+                f"Third-party backends register through the entry-point group "
+                f"'{ENTRY_POINT_GROUP}'."
+            )
+        if isinstance(target, str):
+            module_name, _, attr = target.partition(":")
+            factory = getattr(importlib.import_module(module_name), attr)
+        else:
+            factory = target.load()
+        backend = factory()
+        if not isinstance(backend, Backend):
+            raise TypeError(f"entry point {name!r} did not produce a Backend: got {backend!r}")
+        _instances[name] = backend
+        return backend
+
+
+def available_backends() -> list[str]:
+    """Return the registered backends that have at least one usable device, sorted.
+
+    Returns
+    -------
+    list of str
+        Names whose ``is_available()`` is True. A backend whose import fails counts as
+        unavailable.
+
+    Notes
+    -----
+    Imports each backend module but creates no driver context where the backend allows.
+    """
+    names = []
+    for name in registered_backends():
+        try:
+            if get_backend(name).is_available():
+                names.append(name)
+        except (ImportError, TypeError, ValueError):
+            continue
+    return names

@@ -1,0 +1,316 @@
+"""The OpenCL backend, through PyOpenCL: any vendor's device; PoCL's CPU device where no GPU is.
+
+Mapping of the runtime's concepts onto OpenCL:
+
+- device memory is coarse-grained shared virtual memory (``clSVMAlloc``), so pointers are plain
+  integers and the caching allocator splits segments by offset;
+- a stream is an in-order command queue with profiling enabled; handle 0 is the device's default
+  queue;
+- an event is a marker enqueued on the queue; waiting on an event from another queue is a
+  barrier with a wait list;
+- copies and fills are SVM memcpy and memfill.
+
+PoCL 3.0 (the pip ``pocl-binary-distribution``) corrupts memory when an SVM allocation is bound
+to a queue or when its free is enqueued, so neither is ever done: raw SVM is released with
+``clSVMFree`` only after every queue of the device has finished.
+
+OpenCL cannot report free device memory; ``mem_get_info`` returns ``total - bytes this process
+holds through this backend``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from .._device import DeviceProperties
+from ._base import BackendOutOfMemory
+
+__all__ = ["OpenCLBackend", "OpenCLEvent"]
+
+# CL_OUT_OF_RESOURCES, CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_OUT_OF_HOST_MEMORY,
+# CL_INVALID_BUFFER_SIZE: what clSVMAlloc reports when a request cannot be met.
+_OOM_CODES = frozenset({-5, -4, -6, -61})
+
+
+def _import_cl() -> Any:
+    import pyopencl
+
+    return pyopencl
+
+
+def _host_array(ptr: int, nbytes: int) -> Any:
+    import numpy as np
+
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=np.uint8)
+
+
+class OpenCLEvent:
+    """An OpenCL event handle: the marker of its last recording (None before the first)."""
+
+    __slots__ = ("device", "marker", "timing")
+
+    def __init__(self, device: int, timing: bool) -> None:
+        self.device = device
+        self.timing = timing
+        self.marker: Any = None
+
+
+class _CLDevice:
+    """Per-device state, created on first use of the device."""
+
+    __slots__ = ("allocations", "context", "held", "keepalive", "queues")
+
+    def __init__(self, cl: Any, device: Any) -> None:
+        self.context = cl.Context([device])
+        props = cl.command_queue_properties.PROFILING_ENABLE
+        self.queues: dict[int, Any] = {0: cl.CommandQueue(self.context, device, properties=props)}
+        self.allocations: dict[int, Any] = {}
+        self.held = 0
+        # (event, host object) pairs of async host copies, kept until the copy completes
+        self.keepalive: list[tuple[Any, Any]] = []
+
+
+class OpenCLBackend:
+    """The ``opencl`` backend: every OpenCL device with coarse-grained SVM, GPUs first.
+
+    Notes
+    -----
+    Devices are ordered GPUs first, then accelerators, then CPUs, each in platform order, so
+    ``opencl:0`` is the best device present. ``is_available`` and ``device_count`` enumerate
+    platforms without creating a context. Thread-safe: one lock guards the lazy per-device state.
+    """
+
+    name = "opencl"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cl_devices: list[Any] | None = None
+        self._state: dict[int, _CLDevice] = {}
+        self._next_stream = 1
+
+    # discovery
+    def _devices(self) -> list[Any]:
+        if self._cl_devices is None:
+            found: list[Any] = []
+            try:
+                cl = _import_cl()
+                for platform in cl.get_platforms():
+                    for dev in platform.get_devices():
+                        if dev.svm_capabilities & cl.device_svm_capabilities.COARSE_GRAIN_BUFFER:
+                            found.append(dev)
+                rank = {cl.device_type.GPU: 0, cl.device_type.ACCELERATOR: 1}
+                found.sort(key=lambda d: rank.get(d.type & ~cl.device_type.DEFAULT, 2))
+            except Exception:  # no ICD loader, no platform, import failure: no devices
+                found = []
+            self._cl_devices = found
+        return self._cl_devices
+
+    def is_available(self) -> bool:
+        """True if PyOpenCL imports and at least one device supports coarse-grained SVM."""
+        return bool(self._devices())
+
+    def device_count(self) -> int:
+        """Number of OpenCL devices with coarse-grained SVM; 0 if PyOpenCL is missing."""
+        return len(self._devices())
+
+    def is_gpu(self, index: int) -> bool:
+        """Return True if device ``index`` is a GPU (auto-detection prefers those)."""
+        cl = _import_cl()
+        return bool(self._devices()[index].type & cl.device_type.GPU)
+
+    def get_device_properties(self, index: int) -> DeviceProperties:
+        """Read the device's name, vendor, memory, compute units and driver from OpenCL."""
+        dev = self._devices()[index]
+        return DeviceProperties(
+            name=dev.name.strip(),
+            vendor=dev.vendor.strip(),
+            backend=self.name,
+            index=index,
+            total_memory=int(dev.global_mem_size),
+            multi_processor_count=int(dev.max_compute_units),
+            max_allocation_bytes=int(dev.max_mem_alloc_size),
+            driver_version=dev.driver_version.strip(),
+            host_accessible=bool(dev.host_unified_memory),
+            raw={
+                "platform": dev.platform.name.strip(),
+                "version": dev.version.strip(),
+                "type": int(dev.type),
+                "svm_capabilities": int(dev.svm_capabilities),
+                "max_work_group_size": int(dev.max_work_group_size),
+                "global_mem_cache_size": int(dev.global_mem_cache_size),
+                "local_mem_size": int(dev.local_mem_size),
+            },
+        )
+
+    def supports_virtual_memory(self) -> bool:
+        """False: OpenCL has no API to reserve address space and map pages."""
+        return False
+
+    def _dev(self, index: int) -> _CLDevice:
+        state = self._state.get(index)
+        if state is None:
+            with self._lock:
+                state = self._state.get(index)
+                if state is None:
+                    state = self._state[index] = _CLDevice(_import_cl(), self._devices()[index])
+        return state
+
+    # memory
+    def malloc(self, index: int, nbytes: int) -> int:
+        """``clSVMAlloc`` (coarse grain, read-write, unbound to any queue)."""
+        cl = _import_cl()
+        state = self._dev(index)
+        try:
+            allocation = cl.SVMAllocation(state.context, nbytes, 0, cl.svm_mem_flags.READ_WRITE)
+        except cl.Error as exc:
+            code = exc.code if hasattr(exc, "code") else None
+            if code in _OOM_CODES:
+                raise BackendOutOfMemory(str(exc)) from exc
+            raise
+        ptr = int(allocation.svm_ptr)
+        state.allocations[ptr] = allocation
+        state.held += nbytes
+        return ptr
+
+    def free(self, index: int, ptr: int) -> None:
+        """Finish every queue of the device, then ``clSVMFree`` (never enqueued: PoCL bug)."""
+        state = self._dev(index)
+        allocation = state.allocations.pop(ptr, None)
+        if allocation is None:
+            raise ValueError(f"opencl:{index}: {ptr:#x} is not an address returned by malloc")
+        for queue in state.queues.values():
+            queue.finish()
+        state.keepalive.clear()
+        state.held -= int(allocation.size)
+        allocation.release()
+
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        """``(total - bytes held by this process through this backend, total)``."""
+        total = int(self._devices()[index].global_mem_size)
+        held = self._state[index].held if index in self._state else 0
+        return max(total - held, 0), total
+
+    # streams
+    def stream_create(self, index: int, priority: int) -> int:
+        """Create an in-order, profiling-enabled command queue. Priority is advisory only."""
+        cl = _import_cl()
+        state = self._dev(index)
+        queue = cl.CommandQueue(
+            state.context,
+            self._devices()[index],
+            properties=cl.command_queue_properties.PROFILING_ENABLE,
+        )
+        with self._lock:
+            handle = self._next_stream
+            self._next_stream += 1
+            state.queues[handle] = queue
+        return handle
+
+    def queue(self, index: int, stream: int) -> Any:
+        """Return the ``pyopencl.CommandQueue`` behind a stream handle (for native interop)."""
+        return self._dev(index).queues[stream]
+
+    def stream_destroy(self, index: int, stream: int) -> None:
+        """Finish and drop the queue."""
+        state = self._state.get(index)
+        if state is None:
+            return
+        queue = state.queues.pop(stream, None)
+        if queue is not None:
+            queue.finish()
+
+    def stream_query(self, index: int, stream: int) -> bool:
+        """Enqueue a marker and report whether it (so everything before it) has completed."""
+        cl = _import_cl()
+        marker = cl.enqueue_marker(self.queue(index, stream))
+        return bool(marker.command_execution_status == cl.command_execution_status.COMPLETE)
+
+    def stream_synchronize(self, index: int, stream: int) -> None:
+        """``clFinish`` on the queue."""
+        self.queue(index, stream).finish()
+        self._prune_keepalive(self._dev(index))
+
+    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+        """Enqueue a barrier that waits for the event's marker."""
+        if event.marker is not None:
+            _import_cl().enqueue_barrier(self.queue(index, stream), wait_for=[event.marker])
+
+    # events
+    def event_create(self, index: int, timing: bool) -> OpenCLEvent:
+        """Return an unrecorded event (markers are made when it is recorded)."""
+        return OpenCLEvent(index, timing)
+
+    def event_record(self, event: Any, index: int, stream: int) -> None:
+        """Enqueue a marker on the stream's queue."""
+        event.marker = _import_cl().enqueue_marker(self.queue(index, stream))
+
+    def event_query(self, event: Any) -> bool:
+        """True if unrecorded or the marker has completed."""
+        if event.marker is None:
+            return True
+        cl = _import_cl()
+        status = event.marker.command_execution_status
+        return bool(status == cl.command_execution_status.COMPLETE)
+
+    def event_synchronize(self, event: Any) -> None:
+        """``clWaitForEvents`` on the marker."""
+        if event.marker is not None:
+            event.marker.wait()
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        """Difference of the markers' profiled end times, in milliseconds."""
+        return float(end.marker.profile.end - start.marker.profile.end) / 1e6
+
+    # copies
+    def _prune_keepalive(self, state: _CLDevice) -> None:
+        cl = _import_cl()
+        done = cl.command_execution_status.COMPLETE
+        state.keepalive = [
+            (ev, obj) for ev, obj in state.keepalive if ev.command_execution_status != done
+        ]
+
+    def memcpy_async(
+        self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
+    ) -> None:
+        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes."""
+        cl = _import_cl()
+        state = self._dev(index)
+        target = cl.SVM(_host_array(dst, nbytes)) if isinstance(dst, int) else dst
+        source = cl.SVM(_host_array(src, nbytes)) if isinstance(src, int) else src
+        event = cl.enqueue_copy(
+            self.queue(index, stream), target, source, byte_count=nbytes, is_blocking=False
+        )
+        host = dst if not isinstance(dst, int) else src if not isinstance(src, int) else None
+        if host is not None:
+            self._prune_keepalive(state)
+            state.keepalive.append((event, host))
+
+    def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """``clEnqueueSVMMemFill`` with a one-byte pattern."""
+        import numpy as np
+
+        cl = _import_cl()
+        cl.enqueue_svm_memfill(
+            self.queue(index, stream), cl.SVM(_host_array(ptr, nbytes)), np.uint8(value)
+        )
+
+    def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview | None:
+        """A view of SVM memory when the device shares the host's memory (PoCL CPU), else None.
+
+        Coarse-grained SVM on a host-unified device is host memory; reading or writing it
+        through the view is valid once the work that uses it has completed.
+        """
+        if not self._devices()[index].host_unified_memory:
+            return None
+        return memoryview(_host_array(ptr, nbytes)).cast("B")
+
+    def synchronize(self, index: int) -> None:
+        """``clFinish`` on every queue of the device."""
+        state = self._state.get(index)
+        if state is None:
+            return
+        for queue in list(state.queues.values()):
+            queue.finish()
+        self._prune_keepalive(state)

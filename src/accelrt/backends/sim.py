@@ -1,0 +1,226 @@
+"""A simulated device: address space only, any capacity, for replaying big GPU workloads offline.
+
+Addresses follow one documented rule (ALLOCATOR.md section 13) so that replays are reproducible:
+device ``i`` hands out addresses from a bump pointer starting at
+``0x7F0000000000 + i * 2**44``, each allocation aligned to 2 MiB, never reusing an address.
+Allocations fail with ``BackendOutOfMemory`` once the bytes held would exceed the capacity.
+
+Streams and events complete at once; events carry host timestamps so ``elapsed_time`` works.
+Memory is host-backed lazily: the first copy into or view of an allocation creates its host
+bytes, so an 80 GiB replay uses no host memory while a small test can round-trip data.
+
+Configuration (read when the backend is created): ``ACCELRT_SIM_DEVICES`` (device count,
+default 2) and ``ACCELRT_SIM_CAPACITY`` (bytes per device, e.g. ``"80GiB"``, the default).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from typing import Any
+
+from .._device import DeviceProperties
+from .._units import parse_bytes
+from ._base import BackendOutOfMemory
+
+__all__ = ["SimBackend", "SimEvent"]
+
+BASE_ADDRESS = 0x7F0000000000
+DEVICE_STRIDE = 1 << 44
+SEGMENT_ALIGNMENT = 2 << 20
+DEFAULT_CAPACITY = 80 << 30
+DEFAULT_DEVICE_COUNT = 2
+
+
+class SimEvent:
+    """A simulated event: the host time (ns) at which it was recorded, or None."""
+
+    __slots__ = ("device", "time_ns", "timing")
+
+    def __init__(self, device: int, timing: bool) -> None:
+        self.device = device
+        self.timing = timing
+        self.time_ns: int | None = None
+
+
+class _SimDevice:
+    __slots__ = ("backing", "bases", "capacity", "held", "next_address", "sizes")
+
+    def __init__(self, index: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self.next_address = BASE_ADDRESS + index * DEVICE_STRIDE
+        self.bases: list[int] = []  # sorted live allocation addresses
+        self.sizes: dict[int, int] = {}
+        self.backing: dict[int, bytearray] = {}
+
+
+class SimBackend:
+    """The simulated backend (``"sim"``): any number of devices of any capacity.
+
+    Parameters
+    ----------
+    device_count : int, optional
+        Number of devices; default ``ACCELRT_SIM_DEVICES`` or 2.
+    capacity : int or str, optional
+        Bytes per device; default ``ACCELRT_SIM_CAPACITY`` or 80 GiB.
+
+    Raises
+    ------
+    ValueError
+        If the device count is < 1 or the capacity cannot be parsed.
+
+    Notes
+    -----
+    Selected only explicitly: ``ACCELRT_BACKEND=sim``, ``accelrt.backends.use("sim")`` or
+    ``accelrt replay --device sim``; auto-detection never picks it. Not thread-safe by itself:
+    the runtime and the allocator call it under their locks.
+    """
+
+    name = "sim"
+
+    def __init__(self, device_count: int | None = None, capacity: int | str | None = None) -> None:
+        if device_count is None:
+            device_count = int(os.environ.get("ACCELRT_SIM_DEVICES", DEFAULT_DEVICE_COUNT))
+        if device_count < 1:
+            raise ValueError(f"sim device_count must be >= 1, got {device_count}")
+        if capacity is None:
+            capacity = os.environ.get("ACCELRT_SIM_CAPACITY", DEFAULT_CAPACITY)
+        self.capacity = parse_bytes(capacity, name="sim capacity")
+        self._devices = [_SimDevice(i, self.capacity) for i in range(device_count)]
+        self._next_stream = 1
+
+    # discovery
+    def is_available(self) -> bool:
+        """Always True: the simulated device needs no driver."""
+        return True
+
+    def device_count(self) -> int:
+        """Return the configured number of simulated devices."""
+        return len(self._devices)
+
+    def get_device_properties(self, index: int) -> DeviceProperties:
+        """Return the simulated device's properties (capacity as total memory)."""
+        dev = self._devices[index]
+        return DeviceProperties(
+            name="accelrt simulated device",
+            vendor="accelrt",
+            backend=self.name,
+            index=index,
+            total_memory=dev.capacity,
+            multi_processor_count=1,
+            max_allocation_bytes=dev.capacity,
+            driver_version="sim",
+            host_accessible=True,
+            raw={"base_address": BASE_ADDRESS + index * DEVICE_STRIDE},
+        )
+
+    def supports_virtual_memory(self) -> bool:
+        """True: the simulated device can reserve and map address ranges."""
+        return True
+
+    # memory
+    def malloc(self, index: int, nbytes: int) -> int:
+        """Hand out the next 2 MiB-aligned address; ``BackendOutOfMemory`` past capacity."""
+        dev = self._devices[index]
+        if dev.held + nbytes > dev.capacity:
+            raise BackendOutOfMemory(
+                f"sim:{index} has {dev.capacity - dev.held} bytes free, {nbytes} requested"
+            )
+        ptr = dev.next_address
+        dev.next_address += -(-max(nbytes, 1) // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
+        dev.held += nbytes
+        bisect.insort(dev.bases, ptr)
+        dev.sizes[ptr] = nbytes
+        return ptr
+
+    def free(self, index: int, ptr: int) -> None:
+        """Release an allocation; ``ValueError`` if ``ptr`` is not a live allocation."""
+        dev = self._devices[index]
+        nbytes = dev.sizes.pop(ptr, None)
+        if nbytes is None:
+            raise ValueError(f"sim:{index}: {ptr:#x} is not an address returned by malloc")
+        del dev.bases[bisect.bisect_left(dev.bases, ptr)]
+        dev.backing.pop(ptr, None)
+        dev.held -= nbytes
+
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        """Return ``(capacity - bytes held, capacity)``."""
+        dev = self._devices[index]
+        return dev.capacity - dev.held, dev.capacity
+
+    # streams and events: everything completes at once
+    def stream_create(self, index: int, priority: int) -> int:
+        """Return a new stream handle (unique within the backend)."""
+        handle = self._next_stream
+        self._next_stream += 1
+        return handle
+
+    def stream_destroy(self, index: int, stream: int) -> None:
+        """Nothing to release."""
+
+    def stream_query(self, index: int, stream: int) -> bool:
+        """Always True: simulated work completes at once."""
+        return True
+
+    def stream_synchronize(self, index: int, stream: int) -> None:
+        """Returns at once."""
+
+    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+        """Nothing to wait for."""
+
+    def event_create(self, index: int, timing: bool) -> SimEvent:
+        """Return an unrecorded event."""
+        return SimEvent(index, timing)
+
+    def event_record(self, event: Any, index: int, stream: int) -> None:
+        """Stamp the event with the host's monotonic clock."""
+        event.time_ns = time.perf_counter_ns()
+
+    def event_query(self, event: Any) -> bool:
+        """Always True."""
+        return True
+
+    def event_synchronize(self, event: Any) -> None:
+        """Returns at once."""
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between the host times at which the two events were recorded."""
+        return float(end.time_ns - start.time_ns) / 1e6
+
+    # copies
+    def _backing(self, index: int, ptr: int, nbytes: int) -> memoryview:
+        dev = self._devices[index]
+        pos = bisect.bisect_right(dev.bases, ptr) - 1
+        base = dev.bases[pos] if pos >= 0 else -1
+        size = dev.sizes.get(base, 0)
+        if base < 0 or ptr + nbytes > base + size:
+            raise ValueError(
+                f"sim:{index}: [{ptr:#x}, {ptr + nbytes:#x}) is not inside one live allocation"
+            )
+        data = dev.backing.get(base)
+        if data is None:
+            data = dev.backing[base] = bytearray(size)
+        offset = ptr - base
+        return memoryview(data)[offset : offset + nbytes]
+
+    def memcpy_async(
+        self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
+    ) -> None:
+        """Copy at once between host memory and the lazily created host backing."""
+        target = self._backing(index, dst, nbytes) if isinstance(dst, int) else dst
+        source = self._backing(index, src, nbytes) if isinstance(src, int) else src
+        target[:nbytes] = source[:nbytes]
+
+    def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Fill at once."""
+        view = self._backing(index, ptr, nbytes)
+        view[:] = bytes([value]) * nbytes
+
+    def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview:
+        """Return the host backing of ``[ptr, ptr + nbytes)`` (created on first use)."""
+        return self._backing(index, ptr, nbytes)
+
+    def synchronize(self, index: int) -> None:
+        """Returns at once."""

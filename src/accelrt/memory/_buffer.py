@@ -1,0 +1,186 @@
+"""``Buffer``: device memory from the caching allocator (pointer, size, device, stream)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .._device import Device
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .._stream import Stream
+    from ._allocator import CachingAllocator
+    from ._block import Block
+
+__all__ = ["Buffer"]
+
+
+class _HostArrayInterface:
+    """Exposes device memory to numpy while keeping the owning Buffer alive."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, interface: dict[str, Any], owner: object) -> None:
+        self.__array_interface__ = interface
+        self.owner = owner
+
+
+class Buffer:
+    """A block of device memory handed out by ``accelrt.empty``.
+
+    Attributes
+    ----------
+    ptr : int
+        The device address (0 for an empty buffer).
+    nbytes : int
+        The size the caller asked for, in bytes (the block may be larger; see
+        ``memory_stats()['allocated_bytes.all.current']``).
+    device : Device
+        The device the memory is on.
+    stream : Stream
+        The stream the memory was allocated on; it can be reused on that stream as soon as it
+        is freed.
+
+    Notes
+    -----
+    ``free()``, leaving a ``with`` block, or garbage collection returns the memory to the
+    caching allocator (not to the device). If another stream used the memory, call
+    ``accelrt.record_stream(buffer, stream)`` first, as with ``torch.Tensor.record_stream``.
+    Not thread-safe to free from two threads at once.
+    """
+
+    __slots__ = ("_allocator", "_block", "_stream", "nbytes", "ptr", "__weakref__")
+
+    def __init__(
+        self,
+        allocator: CachingAllocator | None,
+        block: Block | None,
+        nbytes: int,
+        stream: Stream,
+    ) -> None:
+        self._allocator = allocator
+        self._block = block
+        self._stream = stream
+        self.nbytes = nbytes
+        self.ptr = block.address if block is not None else 0
+
+    @property
+    def device(self) -> Device:
+        """The device the memory is on."""
+        return self._stream.device
+
+    @property
+    def stream(self) -> Stream:
+        """The stream the memory was allocated on."""
+        return self._stream
+
+    @property
+    def freed(self) -> bool:
+        """True once the memory has been given back."""
+        return self._block is None and self.nbytes > 0
+
+    @property
+    def block(self) -> Block:
+        """The allocator's block behind the buffer.
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed or is empty.
+        """
+        if self._block is None:
+            raise ValueError(f"{self!r} holds no memory (freed or empty)")
+        return self._block
+
+    @property
+    def allocator(self) -> CachingAllocator:
+        """The caching allocator that owns the memory.
+
+        Raises
+        ------
+        ValueError
+            If the buffer is empty (0 bytes: it has no allocator).
+        """
+        if self._allocator is None:
+            raise ValueError(f"{self!r} is empty and has no allocator")
+        return self._allocator
+
+    def free(self) -> None:
+        """Give the memory back to the caching allocator. Freeing twice does nothing."""
+        block, self._block = self._block, None
+        if block is not None and self._allocator is not None:
+            self._allocator.free(block)
+
+    def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D, ``nbytes`` long, writable; it keeps the buffer alive.
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed.
+        TypeError
+            If the device's memory is not host-accessible (use ``accelrt.copy_``).
+
+        Notes
+        -----
+        Does not synchronize: call ``buffer.stream.synchronize()`` before reading memory that
+        device work may still be writing.
+        """
+        import numpy as np
+
+        if self.nbytes == 0:
+            return np.empty(0, dtype=np.uint8)
+        block = self.block
+        device = self.device
+        view = self.allocator.backend.host_view(device.index or 0, block.address, self.nbytes)
+        if view is None:
+            raise TypeError(
+                f"memory of {device} is not host-accessible; copy it with accelrt.copy_(host, buf)"
+            )
+        array = np.frombuffer(view, dtype=np.uint8)
+        return np.asarray(_HostArrayInterface(array.__array_interface__, (self, array)))
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
+
+        Raises
+        ------
+        TypeError
+            If the device's memory is not host-accessible.
+        """
+        return self.numpy().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Return ``(kDLCPU, 0)``: host-accessible device memory is exported as CPU memory."""
+        return (1, 0)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else ""
+        return f"Buffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device!s}{state})"
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # __del__ never raises
+            pass

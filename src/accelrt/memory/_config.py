@@ -1,0 +1,309 @@
+"""Allocator configuration: ``ACCELRT_ALLOC_CONF`` and ``set_allocator_settings``.
+
+Same syntax as ``PYTORCH_ALLOC_CONF`` (ALLOCATOR.md section 11): ``key:value,key:[a:b,c:d]``,
+booleans ``True``/``False``. Unknown keys and bad values raise ``ValueError`` naming the key and
+the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ENV_VAR", "AllocatorConfig"]
+
+ENV_VAR = "ACCELRT_ALLOC_CONF"
+MiB = 1024 * 1024
+NUM_ROUNDUP_SLOTS = 16
+_KEYS = (
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "roundup_power2_divisions",
+    "garbage_collection_threshold",
+    "expandable_segments",
+    "per_process_memory_fraction",
+    "release_lock_on_malloc",
+)
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """Settings of the caching allocator; immutable.
+
+    Attributes
+    ----------
+    max_split_size : int or None
+        Bytes; blocks this large or larger are never split, and requests below it never take
+        them. None (the default) means unlimited. Key ``max_split_size_mb`` (MiB, >= 20).
+    max_non_split_rounding : int
+        Bytes; an oversize request may take a cached block at most this much larger. Default
+        20 MiB. Key ``max_non_split_rounding_mb`` (MiB, >= 20).
+    roundup_power2_divisions : tuple of int
+        16 slots (sizes below 2 MiB, then one per power of two up to >= 32 GiB); a value d > 1
+        rounds requests up to the next of d steps between powers of two. Key
+        ``roundup_power2_divisions``: ``4`` (every slot) or ``[256:1,512:2,>:4]``.
+    garbage_collection_threshold : float
+        0 (off) or 0 < x < 1: with a memory fraction set, free old cached blocks once reserved
+        memory exceeds x times the allowed memory.
+    expandable_segments : bool
+        Grow one segment per stream and pool by mapping pages (needs a backend with virtual
+        memory).
+    per_process_memory_fraction : float or None
+        0 < x <= 1: cap reserved memory at x times the device's total memory.
+    release_lock_on_malloc : bool
+        Accepted for compatibility with PyTorch; the Python allocator always holds its lock.
+
+    Notes
+    -----
+    Build one with :meth:`parse` (string), :meth:`coerce` (string, mapping or config) or
+    :meth:`from_env`. Mirrors ``PYTORCH_ALLOC_CONF`` / c10's ``CUDAAllocatorConfig``.
+    """
+
+    max_split_size: int | None = None
+    max_non_split_rounding: int = 20 * MiB
+    roundup_power2_divisions: tuple[int, ...] = (0,) * NUM_ROUNDUP_SLOTS
+    garbage_collection_threshold: float = 0.0
+    expandable_segments: bool = False
+    per_process_memory_fraction: float | None = None
+    release_lock_on_malloc: bool = False
+
+    @classmethod
+    def parse(cls, text: str, base: AllocatorConfig | None = None) -> AllocatorConfig:
+        """Parse a config string; keys not named keep their value from ``base``.
+
+        Parameters
+        ----------
+        text : str
+            E.g. ``"max_split_size_mb:128,roundup_power2_divisions:[256:1,>:4]"``; may be empty.
+        base : AllocatorConfig, optional
+            The settings to start from (the defaults when None).
+
+        Returns
+        -------
+        AllocatorConfig
+
+        Raises
+        ------
+        TypeError
+            If ``text`` is not a string.
+        ValueError
+            For an unknown key, a malformed item or an out-of-range value; the message names
+            the key, the value seen and what is allowed.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"allocator settings must be a string, got {text!r}")
+        updates: dict[str, Any] = {}
+        for key, value in _tokenize(text):
+            updates[key] = value
+        return cls.coerce(updates, base=base)
+
+    @classmethod
+    def coerce(
+        cls,
+        value: AllocatorConfig | str | Mapping[str, Any] | None,
+        base: AllocatorConfig | None = None,
+    ) -> AllocatorConfig:
+        """Return a config from a config, a string, or a mapping of the string form's keys.
+
+        Raises
+        ------
+        TypeError
+            If ``value`` is of another type.
+        ValueError
+            As :meth:`parse`.
+        """
+        config = base if base is not None else cls()
+        if value is None:
+            return config
+        if isinstance(value, AllocatorConfig):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value, base=config)
+        if not isinstance(value, Mapping):
+            raise TypeError(
+                f"allocator config must be an AllocatorConfig, a string or a mapping, "
+                f"got {type(value).__name__}"
+            )
+        changes: dict[str, Any] = {}
+        for key, raw in value.items():
+            changes.update(_convert(key, raw))
+        return dataclasses.replace(config, **changes)
+
+    @classmethod
+    def from_env(cls) -> AllocatorConfig:
+        """Parse ``ACCELRT_ALLOC_CONF`` (defaults when unset).
+
+        Raises
+        ------
+        ValueError
+            If the variable is set to an invalid string; the message names the variable.
+        """
+        text = os.environ.get(ENV_VAR, "")
+        try:
+            return cls.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
+
+    def roundup_divisions_for(self, size: int) -> int:
+        """Return the power-of-two divisions that apply to a request of ``size`` bytes."""
+        log_size = size.bit_length() - 1
+        index = min(max(log_size - 20, 0), NUM_ROUNDUP_SLOTS - 1)
+        return self.roundup_power2_divisions[index]
+
+    def describe(self) -> str:
+        """Return the settings that differ from the defaults as a config string."""
+        parts = []
+        default = AllocatorConfig()
+        if self.max_split_size is not None:
+            parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
+        if self.max_non_split_rounding != default.max_non_split_rounding:
+            parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding // MiB}")
+        if self.roundup_power2_divisions != default.roundup_power2_divisions:
+            slots = ",".join(
+                f"{1 << i}:{d}" for i, d in enumerate(self.roundup_power2_divisions)
+            )
+            parts.append(f"roundup_power2_divisions:[{slots}]")
+        if self.garbage_collection_threshold:
+            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
+        if self.expandable_segments:
+            parts.append("expandable_segments:True")
+        if self.per_process_memory_fraction is not None:
+            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction}")
+        if self.release_lock_on_malloc:
+            parts.append("release_lock_on_malloc:True")
+        return ",".join(parts) or "defaults"
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    """Split ``key:value,key:[a:b]`` into (key, value) pairs; brackets keep their commas."""
+    items: list[tuple[str, str]] = []
+    depth = 0
+    current = ""
+    for char in text + ",":
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in allocator settings {text!r}")
+        if char == "," and depth == 0:
+            item = current.strip()
+            current = ""
+            if not item:
+                continue
+            key, sep, value = item.partition(":")
+            if not sep or not key.strip() or not value.strip():
+                raise ValueError(
+                    f"malformed allocator setting {item!r} in {text!r}: expected 'key:value'"
+                )
+            items.append((key.strip(), value.strip()))
+        else:
+            current += char
+    if depth != 0:
+        raise ValueError(f"unbalanced '[' in allocator settings {text!r}")
+    return items
+
+
+def _convert(key: str, raw: Any) -> dict[str, Any]:
+    """Validate one setting and return the dataclass fields it sets."""
+    if key == "max_split_size_mb":
+        return {"max_split_size": _int_at_least(key, raw, 20) * MiB}
+    if key == "max_non_split_rounding_mb":
+        return {"max_non_split_rounding": _int_at_least(key, raw, 20) * MiB}
+    if key == "roundup_power2_divisions":
+        return {"roundup_power2_divisions": _divisions(raw)}
+    if key == "garbage_collection_threshold":
+        value = _float(key, raw)
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"{key} must be a number with 0 < x < 1, got {raw!r}")
+        return {"garbage_collection_threshold": value}
+    if key == "per_process_memory_fraction":
+        value = _float(key, raw)
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"{key} must be a number with 0 < x <= 1, got {raw!r}")
+        return {"per_process_memory_fraction": value}
+    if key in ("expandable_segments", "release_lock_on_malloc"):
+        return {key: _bool(key, raw)}
+    raise ValueError(f"unknown allocator setting {key!r}; known settings: {', '.join(_KEYS)}")
+
+
+def _int_at_least(key: str, raw: Any, minimum: int) -> int:
+    try:
+        value = int(raw) if not isinstance(raw, bool) and str(raw).strip().isdigit() else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"{key} must be an integer >= {minimum} (MiB), got {raw!r}")
+    return value
+
+
+def _float(key: str, raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError(f"{key} must be a number, got {raw!r}")
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a number, got {raw!r}") from None
+
+
+def _bool(key: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if raw in ("True", "true", "1"):
+        return True
+    if raw in ("False", "false", "0"):
+        return False
+    raise ValueError(f"{key} must be True or False, got {raw!r}")
+
+
+def _division_value(raw: str) -> int:
+    value = int(raw) if raw.strip().isdigit() else -1
+    if value < 0 or (value & (value - 1)) != 0:
+        raise ValueError(
+            f"roundup_power2_divisions values must be 0 or a power of two, got {raw!r}"
+        )
+    return value
+
+
+def _divisions(raw: Any) -> tuple[int, ...]:
+    if isinstance(raw, (list, tuple)):
+        if len(raw) != NUM_ROUNDUP_SLOTS:
+            raise ValueError(
+                f"roundup_power2_divisions as a sequence needs {NUM_ROUNDUP_SLOTS} values, "
+                f"got {len(raw)}"
+            )
+        return tuple(_division_value(str(v)) for v in raw)
+    text = str(raw).strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return (_division_value(text),) * NUM_ROUNDUP_SLOTS
+    slots = [0] * NUM_ROUNDUP_SLOTS
+    first = True
+    last_index = 0
+    for entry in filter(None, (e.strip() for e in text[1:-1].split(","))):
+        interval, sep, value_text = entry.partition(":")
+        if not sep:
+            raise ValueError(
+                f"roundup_power2_divisions entry {entry!r} must be 'MiB:divisions' or '>:divisions'"
+            )
+        value = _division_value(value_text)
+        interval = interval.strip()
+        if interval == ">":
+            for i in range(last_index + 1, NUM_ROUNDUP_SLOTS):
+                slots[i] = value
+            continue
+        size_mb = int(interval) if interval.isdigit() else 0
+        if size_mb <= 0 or (size_mb & (size_mb - 1)) != 0:
+            raise ValueError(
+                f"roundup_power2_divisions interval {interval!r} must be a power of two in MiB"
+            )
+        index = min(size_mb.bit_length() - 1, NUM_ROUNDUP_SLOTS - 1)
+        if first:
+            for i in range(index):
+                slots[i] = value
+            first = False
+        slots[index] = value
+        last_index = index
+    return tuple(slots)

@@ -1,0 +1,172 @@
+"""Allocator statistics with PyTorch's key schema.
+
+A ``Stat`` tracks ``current``, ``peak``, ``allocated`` (sum of increases) and ``freed`` (sum of
+decreases). A ``StatArray`` is one ``Stat`` each for ``all``, ``small_pool`` and ``large_pool``;
+every update goes to ``all`` and to the block's pool. ``DeviceStats.as_dict`` flattens them into
+``memory_stats()`` keys ``<name>.<pool>.<metric>`` (mirrors ``torch.cuda.memory_stats``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["STAT_ARRAY_NAMES", "DeviceStats", "Stat", "StatArray"]
+
+#: The StatArray names in memory_stats(), as in c10::CachingDeviceAllocator::DeviceStats.
+STAT_ARRAY_NAMES: tuple[str, ...] = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+_POOLS: tuple[str, ...] = ("all", "small_pool", "large_pool")
+_COUNTERS: tuple[str, ...] = (
+    "num_alloc_retries",
+    "num_ooms",
+    "num_sync_all_streams",
+    "num_device_alloc",
+    "num_device_free",
+)
+
+
+class Stat:
+    """One statistic: current value, peak, and the sums of increases and decreases."""
+
+    __slots__ = ("allocated", "current", "freed", "peak")
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.peak = 0
+        self.allocated = 0
+        self.freed = 0
+
+    def increase(self, amount: int) -> None:
+        """Add ``amount`` to current (and to allocated); raise the peak if exceeded."""
+        self.current += amount
+        self.allocated += amount
+        if self.current > self.peak:
+            self.peak = self.current
+
+    def decrease(self, amount: int) -> None:
+        """Subtract ``amount`` from current and add it to freed."""
+        self.current -= amount
+        self.freed += amount
+
+    def reset_peak(self) -> None:
+        """Set peak to current."""
+        self.peak = self.current
+
+    def reset_accumulated(self) -> None:
+        """Set allocated and freed to 0."""
+        self.allocated = 0
+        self.freed = 0
+
+
+class StatArray:
+    """A ``Stat`` for all pools together and one each for the small and the large pool."""
+
+    __slots__ = ("all", "large", "small")
+
+    def __init__(self) -> None:
+        self.all = Stat()
+        self.small = Stat()
+        self.large = Stat()
+
+    def increase(self, is_small: bool, amount: int) -> None:
+        """Increase ``all`` and the given pool's stat."""
+        self.all.increase(amount)
+        (self.small if is_small else self.large).increase(amount)
+
+    def decrease(self, is_small: bool, amount: int) -> None:
+        """Decrease ``all`` and the given pool's stat."""
+        self.all.decrease(amount)
+        (self.small if is_small else self.large).decrease(amount)
+
+    def stats(self) -> tuple[Stat, Stat, Stat]:
+        """Return the stats in key order: ``all``, ``small_pool``, ``large_pool``."""
+        return (self.all, self.small, self.large)
+
+
+class DeviceStats:
+    """Every statistic of one device's allocator (ALLOCATOR.md section 8)."""
+
+    __slots__ = (
+        "active",
+        "active_bytes",
+        "allocated_bytes",
+        "allocation",
+        "inactive_split",
+        "inactive_split_bytes",
+        "max_split_size",
+        "num_alloc_retries",
+        "num_device_alloc",
+        "num_device_free",
+        "num_ooms",
+        "num_sync_all_streams",
+        "oversize_allocations",
+        "oversize_segments",
+        "requested_bytes",
+        "reserved_bytes",
+        "segment",
+    )
+
+    def __init__(self, max_split_size: int) -> None:
+        self.allocation = StatArray()
+        self.segment = StatArray()
+        self.active = StatArray()
+        self.inactive_split = StatArray()
+        self.allocated_bytes = StatArray()
+        self.reserved_bytes = StatArray()
+        self.active_bytes = StatArray()
+        self.inactive_split_bytes = StatArray()
+        self.requested_bytes = StatArray()
+        self.oversize_allocations = Stat()
+        self.oversize_segments = Stat()
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.num_sync_all_streams = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+        self.max_split_size = max_split_size
+
+    def _arrays(self) -> list[tuple[str, StatArray]]:
+        return [(name, getattr(self, name)) for name in STAT_ARRAY_NAMES]
+
+    def as_dict(self) -> dict[str, int]:
+        """Flatten into ``memory_stats()`` keys, sorted; e.g. ``allocated_bytes.all.current``."""
+        out: dict[str, int] = {}
+        for name, array in self._arrays():
+            for pool, stat in zip(_POOLS, array.stats()):
+                _put(out, f"{name}.{pool}", stat)
+        _put(out, "oversize_allocations", self.oversize_allocations)
+        _put(out, "oversize_segments", self.oversize_segments)
+        for counter in _COUNTERS:
+            out[counter] = getattr(self, counter)
+        out["max_split_size"] = self.max_split_size
+        return dict(sorted(out.items()))
+
+    def _all_stats(self) -> list[Stat]:
+        stats = [s for _, array in self._arrays() for s in array.stats()]
+        return [*stats, self.oversize_allocations, self.oversize_segments]
+
+    def reset_peak(self) -> None:
+        """Set every peak to its current value."""
+        for stat in self._all_stats():
+            stat.reset_peak()
+
+    def reset_accumulated(self) -> None:
+        """Zero every allocated/freed sum and the num_* counters."""
+        for stat in self._all_stats():
+            stat.reset_accumulated()
+        for counter in _COUNTERS:
+            setattr(self, counter, 0)
+
+
+def _put(out: dict[str, int], prefix: str, stat: Stat) -> None:
+    out[f"{prefix}.current"] = stat.current
+    out[f"{prefix}.peak"] = stat.peak
+    out[f"{prefix}.allocated"] = stat.allocated
+    out[f"{prefix}.freed"] = stat.freed
