@@ -1,0 +1,227 @@
+"""The ``accelrt`` command: ``accelrt info`` and ``accelrt replay``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ._units import format_bytes
+
+__all__ = ["main"]
+
+
+def _info_data() -> dict[str, Any]:
+    from . import _runtime
+    from .backends import available_backends, get_backend, registered_backends
+
+    accelerator = None
+    try:
+        backend = _runtime.accelerator()
+        accelerator = backend.name if backend is not None else None
+    except ValueError as exc:
+        accelerator = f"error: {exc}"
+    data: dict[str, Any] = {
+        "accelerator": accelerator,
+        "registered_backends": registered_backends(),
+        "available_backends": available_backends(),
+        "devices": [],
+    }
+    for name in data["available_backends"]:
+        if name == "sim" and accelerator != "sim":
+            continue  # the simulated device is listed only when chosen
+        backend = get_backend(name)
+        for index in range(backend.device_count()):
+            props = backend.get_device_properties(index)
+            free, total = backend.mem_get_info(index)
+            data["devices"].append(
+                {
+                    "device": f"{name}:{index}",
+                    "name": props.name,
+                    "vendor": props.vendor,
+                    "total_memory_bytes": props.total_memory,
+                    "free_memory_bytes": free,
+                    "max_allocation_bytes": props.max_allocation_bytes,
+                    "compute_units": props.multi_processor_count,
+                    "driver_version": props.driver_version,
+                    "host_accessible": props.host_accessible,
+                }
+            )
+    return data
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    data = _info_data()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"accelerator: [bold]{data['accelerator'] or 'none'}[/bold]")
+    console.print(
+        f"backends: {', '.join(data['registered_backends'])} "
+        f"(available: {', '.join(data['available_backends']) or 'none'})"
+    )
+    for dev in data["devices"]:
+        table = Table(title=dev["device"], show_header=False)
+        table.add_column("property", style="bold")
+        table.add_column("value")
+        table.add_row("name", dev["name"])
+        table.add_row("vendor", dev["vendor"])
+        table.add_row("total memory", format_bytes(dev["total_memory_bytes"]))
+        table.add_row("free memory", format_bytes(dev["free_memory_bytes"]))
+        table.add_row("max allocation", format_bytes(dev["max_allocation_bytes"]))
+        table.add_row("compute units", str(dev["compute_units"]))
+        table.add_row("driver", dev["driver_version"])
+        table.add_row("host accessible", str(dev["host_accessible"]))
+        console.print(table)
+    if not data["devices"]:
+        console.print("no devices")
+    return 0
+
+
+def _default_device() -> str:
+    from . import _runtime
+
+    backend = _runtime.accelerator()
+    return f"{backend.name}:0" if backend is not None and backend.device_count() else "sim"
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import ReplayReport, replay
+    from .trace import load
+
+    trace = load(args.trace, include_host=args.include_host)
+    device = args.device or _default_device()
+    configs = args.config or [""]
+    reports: list[ReplayReport] = []
+    show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
+    for config in configs:
+        if show_progress and len(trace.events) > 50_000:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as bar:
+                task = bar.add_task(f"replaying {trace.name}", total=len(trace.events))
+                reports.append(
+                    replay(
+                        trace,
+                        device=device,
+                        capacity=args.capacity,
+                        config=config,
+                        progress=lambda done, _total: bar.update(task, completed=done),
+                    )
+                )
+        else:
+            reports.append(replay(trace, device=device, capacity=args.capacity, config=config))
+    if args.json:
+        out = [r.to_dict() for r in reports]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+        return 0
+    _print_reports(trace.name, trace.skipped_host_events, reports)
+    return 0
+
+
+def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    first = reports[0]
+    console = Console()
+    view = "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
+    console.print(
+        f"[bold]{name}[/bold] on {first.device} ({format_bytes(first.capacity_bytes)}): "
+        f"{first.events} events ({view}); trace peak live {first.trace_peak_live_bytes} bytes "
+        f"({format_bytes(first.trace_peak_live_bytes)})"
+    )
+    table = Table()
+    table.add_column("", style="bold")
+    for r in reports:
+        table.add_column(r.config, justify="right", overflow="fold")
+    rows: list[tuple[str, Any]] = [
+        ("peak requested", lambda r: format_bytes(r.peak_requested_bytes)),
+        ("peak allocated", lambda r: format_bytes(r.peak_allocated_bytes)),
+        ("peak reserved", lambda r: format_bytes(r.peak_reserved_bytes)),
+        ("fragmentation", lambda r: f"{r.fragmentation:.4f}"),
+        ("device mallocs", lambda r: str(r.num_device_alloc)),
+        ("device frees", lambda r: str(r.num_device_free)),
+        ("alloc retries", lambda r: str(r.num_alloc_retries)),
+        ("OOMs", lambda r: str(r.num_ooms)),
+        ("wall seconds", lambda r: f"{r.wall_seconds:.3f}"),
+        ("events/second", lambda r: f"{r.events_per_second:,.0f}"),
+    ]
+    for label, cell in rows:
+        table.add_row(label, *(cell(r) for r in reports))
+    console.print(table)
+    for r in reports:
+        match = "equals" if r.peak_requested_bytes == r.trace_peak_live_bytes else "differs from"
+        console.print(
+            f"[{r.config}] peak requested {r.peak_requested_bytes} bytes {match} the trace's "
+            f"peak live {r.trace_peak_live_bytes} bytes; peak reserved {r.peak_reserved_bytes} "
+            "bytes"
+        )
+        for oom in r.ooms[:5]:
+            console.print(
+                f"  OOM at event {oom.event}: {oom.requested_bytes} bytes on stream {oom.stream}"
+                f" with {format_bytes(oom.reserved_bytes)} reserved"
+            )
+        if len(r.ooms) > 5:
+            console.print(f"  ... and {len(r.ooms) - 5} more OOMs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the ``accelrt`` command."""
+    parser = argparse.ArgumentParser(
+        prog="accelrt",
+        description="accelrt: a device-agnostic accelerator runtime with a caching allocator.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="show backends, devices, properties and memory")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.set_defaults(func=_cmd_info)
+    rep = sub.add_parser(
+        "replay", help="replay an allocation trace through the caching allocator"
+    )
+    rep.add_argument("trace", help="an accelrt trace (.jsonl.gz)")
+    rep.add_argument(
+        "--device",
+        help="'sim' (simulated), or a real device such as 'opencl:0' (default: the accelerator's "
+        "device 0, else sim)",
+    )
+    rep.add_argument("--capacity", help="simulated device memory, e.g. 80GiB (sim only)")
+    rep.add_argument(
+        "--config",
+        action="append",
+        help="allocator settings in ACCELRT_ALLOC_CONF syntax, e.g. max_split_size_mb:128; "
+        "repeat to compare settings",
+    )
+    rep.add_argument(
+        "--include-host", action="store_true", help="also replay events tagged host (CPU-only)"
+    )
+    rep.add_argument("--json", action="store_true", help="print the report as JSON")
+    rep.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    rep.set_defaults(func=_cmd_replay)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``accelrt`` command; return its exit status.
+
+    Errors in the input (a missing or malformed trace, a bad setting) print one line to stderr
+    and return 2.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
+        print(f"accelrt {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Replay an allocation trace through a fresh caching allocator and report what it did.
+
+The question a replay answers: "with this allocator setting, on this device, how much memory
+would this program reserve, how fragmented would it be, and would it fit?" On the simulated
+device (``sim``) only addresses are handed out, so an 80 GiB GPU trace replays on a laptop; on
+a real device (``opencl:0``) every segment is really allocated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ._device import Device
+from ._errors import OutOfMemoryError
+from .backends._base import Backend, get_backend
+from .backends.sim import SimBackend
+from .memory._allocator import CachingAllocator
+from .memory._block import Block
+from .memory._config import AllocatorConfig
+from .trace._format import Trace
+
+__all__ = ["OomRecord", "ReplayReport", "replay"]
+
+ProgressCallback = Callable[[int, int], None]
+_PROGRESS_EVERY = 4096
+
+
+@dataclass(frozen=True)
+class OomRecord:
+    """An allocation of the trace that ran out of memory.
+
+    Attributes
+    ----------
+    event : int
+        Index of the event in the trace's event list (0-based).
+    requested_bytes : int
+        The size the trace asked for.
+    stream : int
+        The trace's stream.
+    reserved_bytes : int
+        What the allocator held when it failed.
+    """
+
+    event: int
+    requested_bytes: int
+    stream: int
+    reserved_bytes: int
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What one replay measured. Sizes in bytes, times in seconds where named so.
+
+    Attributes
+    ----------
+    trace : str
+        The trace's name.
+    device : str
+        Where it ran, e.g. ``"sim:0"``.
+    capacity_bytes : int
+        The device's total memory.
+    config : str
+        The allocator settings that differ from the defaults (``"defaults"`` if none).
+    events : int
+        Events replayed.
+    include_host : bool
+        Whether host-only events were replayed (False: the device view).
+    trace_peak_live_bytes : int
+        The peak of live bytes the trace itself implies.
+    peak_requested_bytes : int
+        Peak of ``requested_bytes.all``; equals ``trace_peak_live_bytes`` when nothing failed.
+    peak_allocated_bytes : int
+        Peak of ``allocated_bytes.all`` (after rounding).
+    peak_reserved_bytes : int
+        Peak of ``reserved_bytes.all``: what the device had to provide.
+    fragmentation : float
+        ``peak_reserved_bytes / peak_requested_bytes`` (0.0 if nothing was requested).
+    num_device_alloc, num_device_free : int
+        Segments obtained from and returned to the device.
+    num_alloc_retries : int
+        Times the allocator released its cache and retried.
+    num_ooms : int
+        Allocations that failed.
+    ooms : list of OomRecord
+        The failed allocations, in order.
+    wall_seconds : float
+        Time spent replaying.
+    events_per_second : float
+        ``events / wall_seconds``.
+    """
+
+    trace: str
+    device: str
+    capacity_bytes: int
+    config: str
+    events: int
+    include_host: bool
+    trace_peak_live_bytes: int
+    peak_requested_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    fragmentation: float
+    num_device_alloc: int
+    num_device_free: int
+    num_alloc_retries: int
+    num_ooms: int
+    wall_seconds: float
+    events_per_second: float
+    ooms: list[OomRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as plain JSON-serialisable data."""
+        return asdict(self)
+
+
+def _open_device(device: str | Device, capacity: int | str | None) -> tuple[Backend, int]:
+    dev = Device(device)
+    index = dev.index if dev.index is not None else 0
+    if dev.type == "sim":
+        sim = SimBackend(device_count=index + 1, capacity=capacity)
+        return sim, index
+    if capacity is not None:
+        raise ValueError(
+            f"capacity applies to the simulated device only; on {dev} cap memory with "
+            "config 'per_process_memory_fraction:X' instead"
+        )
+    backend = get_backend(dev.type)
+    count = backend.device_count()
+    if not 0 <= index < count:
+        raise ValueError(f"device index {index} is out of range [0, {count}) for {dev.type}")
+    return backend, index
+
+
+def replay(
+    trace: Trace,
+    *,
+    device: str | Device = "sim",
+    capacity: int | str | None = None,
+    config: AllocatorConfig | str | None = None,
+    progress: ProgressCallback | None = None,
+) -> ReplayReport:
+    """Run every event of ``trace`` through a fresh ``CachingAllocator``.
+
+    Parameters
+    ----------
+    trace : Trace
+        From ``accelrt.trace.load``.
+    device : str or Device
+        ``"sim"`` (default; a fresh simulated device) or a real device such as ``"opencl:0"``.
+    capacity : int or str, optional
+        Simulated device memory, e.g. ``"80GiB"``; default the trace header's
+        ``device_capacity_bytes``, else ``ACCELRT_SIM_CAPACITY``, else 80 GiB. Only for ``sim``.
+    config : AllocatorConfig or str, optional
+        Allocator settings in ``ACCELRT_ALLOC_CONF`` syntax; default the defaults (the
+        environment is not read, so replays are reproducible).
+    progress : callable, optional
+        Called as ``progress(done, total)`` every few thousand events and at the end.
+
+    Returns
+    -------
+    ReplayReport
+
+    Raises
+    ------
+    ValueError
+        For a bad device, capacity or config.
+
+    Notes
+    -----
+    Allocations that run out of memory are recorded in the report, and the replay goes on
+    (their frees are skipped). Zero-byte allocations are skipped, as PyTorch's allocator
+    hands out no memory for them. On a real device all memory is given back at the end.
+    """
+    settings = AllocatorConfig.coerce(config)
+    if capacity is None and "device_capacity_bytes" in trace.header and Device(device).type == "sim":
+        capacity = int(trace.header["device_capacity_bytes"])
+    backend, index = _open_device(device, capacity)
+    allocator = CachingAllocator(backend, index, settings)
+    handles: dict[int, int] = {}
+    blocks: dict[int, Block] = {}
+    ooms: list[OomRecord] = []
+    events = trace.events
+    total = len(events)
+    malloc = allocator.malloc
+    free = allocator.free
+    start = time.perf_counter()
+    try:
+        for i, (action, addr, size, stream) in enumerate(events):
+            if progress is not None and i % _PROGRESS_EVERY == 0:
+                progress(i, total)
+            if action == "alloc":
+                if size == 0:
+                    continue
+                handle = handles.get(stream)
+                if handle is None:
+                    handle = handles[stream] = 0 if stream == 0 else backend.stream_create(index, 0)
+                try:
+                    blocks[addr] = malloc(size, handle)
+                except OutOfMemoryError:
+                    ooms.append(OomRecord(i, size, stream, allocator.reserved_bytes))
+            elif action == "free":
+                block = blocks.pop(addr, None)
+                if block is not None:
+                    free(block)
+            else:
+                allocator.empty_cache()
+        wall = time.perf_counter() - start
+        if progress is not None:
+            progress(total, total)
+        stats = allocator.memory_stats()
+    finally:
+        for block in blocks.values():
+            allocator.free(block)
+        allocator.empty_cache()
+        for handle in handles.values():
+            if handle:
+                backend.stream_destroy(index, handle)
+    peak_requested = stats["requested_bytes.all.peak"]
+    peak_reserved = stats["reserved_bytes.all.peak"]
+    return ReplayReport(
+        trace=trace.name,
+        device=f"{backend.name}:{index}",
+        capacity_bytes=backend.mem_get_info(index)[1],
+        config=settings.describe(),
+        events=total,
+        include_host=trace.include_host,
+        trace_peak_live_bytes=trace.peak_live_bytes,
+        peak_requested_bytes=peak_requested,
+        peak_allocated_bytes=stats["allocated_bytes.all.peak"],
+        peak_reserved_bytes=peak_reserved,
+        fragmentation=peak_reserved / peak_requested if peak_requested else 0.0,
+        num_device_alloc=stats["num_device_alloc"],
+        num_device_free=stats["num_device_free"],
+        num_alloc_retries=stats["num_alloc_retries"],
+        num_ooms=stats["num_ooms"],
+        wall_seconds=wall,
+        events_per_second=total / wall if wall > 0 else 0.0,
+        ooms=ooms,
+    )
+

@@ -1,0 +1,17 @@
+"""Allocation traces: read and write accelrt's JSONL format; record one from PyTorch.
+
+The format (ALLOCATOR.md section 12) is gzip'd JSON Lines: a header object, then one event a
+line, ``{"action": "alloc" | "free", "addr", "size", "stream", "t"}`` or
+``{"action": "empty_cache"}``.
+"""
+
+from __future__ import annotations
+
+from ._format import Trace as Trace
+from ._format import TraceEvent as TraceEvent
+from ._format import TraceFormatError as TraceFormatError
+from ._format import load as load
+from ._format import write as write
+from ._torch import record_torch as record_torch
+
+__all__ = ["Trace", "TraceEvent", "TraceFormatError", "load", "record_torch", "write"]

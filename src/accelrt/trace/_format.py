@@ -1,0 +1,264 @@
+"""Reader and writer of accelrt allocation traces (gzip'd or plain JSON Lines)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO, Any, NamedTuple
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Trace", "TraceEvent", "TraceFormatError", "load", "write"]
+
+FORMAT = "alloc-trace-jsonl"
+FORMAT_VERSION = 1
+_ACTIONS = ("alloc", "free", "empty_cache")
+
+
+class TraceFormatError(ValueError):
+    """A trace file is malformed; the message names the file, the line and the problem."""
+
+
+class TraceEvent(NamedTuple):
+    """One allocator call of a trace.
+
+    Attributes
+    ----------
+    action : str
+        ``"alloc"``, ``"free"`` or ``"empty_cache"``.
+    addr : int
+        The address the recorded program saw (0 for ``empty_cache``).
+    size : int
+        Requested bytes (the size of the matching alloc for a free).
+    stream : int
+        The stream the recorded program used.
+    """
+
+    action: str
+    addr: int
+    size: int
+    stream: int
+
+
+@dataclass
+class Trace:
+    """An allocation trace in memory.
+
+    Attributes
+    ----------
+    header : dict
+        The header line (workload, capture method, stats...).
+    events : list of TraceEvent
+        The events in call order (host-only events dropped unless ``include_host``).
+    path : str or None
+        Where the trace was read from.
+    include_host : bool
+        Whether events tagged ``"host": 1`` were kept.
+    skipped_host_events : int
+        How many host-tagged events were dropped.
+    peak_live_bytes : int
+        The peak of live requested bytes over ``events``.
+    """
+
+    header: dict[str, Any]
+    events: list[TraceEvent]
+    path: str | None = None
+    include_host: bool = False
+    skipped_host_events: int = 0
+    peak_live_bytes: int = 0
+    live_at_end_bytes: int = field(default=0)
+
+    @property
+    def name(self) -> str:
+        """The trace's name from its header, else its file name."""
+        name = self.header.get("name")
+        if isinstance(name, str) and name:
+            return name
+        return os.path.basename(self.path or "trace").split(".")[0]
+
+
+def _open_text(path: str | os.PathLike[str]) -> IO[str]:
+    with open(path, "rb") as raw:
+        magic = raw.read(2)
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _int_field(obj: dict[str, Any], key: str, where: str, *, minimum: int | None = 0) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise TraceFormatError(f"{where}: field {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
+    """Read and validate a trace file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A ``.jsonl.gz`` or ``.jsonl`` trace (gzip is detected by content).
+    include_host : bool
+        Keep events tagged ``"host": 1`` (allocations a GPU run keeps on the host). Default
+        False: the device view.
+
+    Returns
+    -------
+    Trace
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    TraceFormatError
+        If any line is not valid: not JSON, not an object, a wrong header, an unknown action,
+        a missing or negative field, an alloc of a live address, or a free of an address that
+        is not live. The message names the file and the line.
+    """
+    name = os.fspath(path)
+    events: list[TraceEvent] = []
+    live: dict[int, tuple[int, bool]] = {}  # addr -> (size, kept)
+    live_bytes = peak = skipped = 0
+    try:
+        with _open_text(path) as lines:
+            header: dict[str, Any] | None = None
+            for number, line in enumerate(lines, start=1):
+                where = f"{name}:{number}"
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceFormatError(f"{where}: not valid JSON ({exc.msg})") from None
+                if not isinstance(obj, dict):
+                    raise TraceFormatError(f"{where}: expected a JSON object, got {line[:60]!r}")
+                if header is None:
+                    header = _check_header(obj, where)
+                    continue
+                action = obj.get("action")
+                if action not in _ACTIONS:
+                    raise TraceFormatError(
+                        f"{where}: unknown action {action!r}; expected one of {', '.join(_ACTIONS)}"
+                    )
+                if action == "empty_cache":
+                    events.append(TraceEvent("empty_cache", 0, 0, 0))
+                    continue
+                addr = _int_field(obj, "addr", where)
+                size = _int_field(obj, "size", where)
+                stream = _int_field(obj, "stream", where, minimum=None) if "stream" in obj else 0
+                keep = include_host or not obj.get("host")
+                if action == "alloc":
+                    if addr in live:
+                        raise TraceFormatError(
+                            f"{where}: alloc of address {addr:#x}, which is already live"
+                        )
+                    live[addr] = (size, keep)
+                    if keep:
+                        live_bytes += size
+                        peak = max(peak, live_bytes)
+                else:
+                    entry = live.pop(addr, None)
+                    if entry is None:
+                        raise TraceFormatError(
+                            f"{where}: free of address {addr:#x}, which is not live"
+                        )
+                    size, keep = entry
+                    if keep:
+                        live_bytes -= size
+                if keep:
+                    events.append(TraceEvent(action, addr, size, stream))
+                else:
+                    skipped += 1
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise TraceFormatError(f"{name}: cannot read trace ({exc})") from None
+    if header is None:
+        raise TraceFormatError(f"{name}: empty file, expected a header line")
+    return Trace(
+        header=header,
+        events=events,
+        path=name,
+        include_host=include_host,
+        skipped_host_events=skipped,
+        peak_live_bytes=peak,
+        live_at_end_bytes=live_bytes,
+    )
+
+
+def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    if obj.get("type") != "header" or obj.get("format") != FORMAT:
+        raise TraceFormatError(
+            f"{where}: expected a header with \"type\": \"header\" and \"format\": "
+            f"\"{FORMAT}\", got {json.dumps(obj)[:80]}"
+        )
+    version = obj.get("format_version")
+    if version != FORMAT_VERSION:
+        raise TraceFormatError(
+            f"{where}: unsupported format_version {version!r}; this accelrt reads "
+            f"{FORMAT_VERSION}"
+        )
+    return obj
+
+
+def write(
+    path: str | os.PathLike[str],
+    events: Iterable[TraceEvent | dict[str, Any]],
+    header: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write a gzip'd JSONL trace, computing the header's ``stats``.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The output file (written gzip'd whatever its name).
+    events : iterable of TraceEvent or dict
+        Events in call order; dicts may carry extra keys (``op``, ``t``, ``synthetic``...).
+    header : dict, optional
+        Extra header fields (``name``, ``workload``...).
+
+    Returns
+    -------
+    dict
+        The header as written.
+
+    Raises
+    ------
+    TraceFormatError
+        If the events are inconsistent (a free of an address that is not live, ...).
+    """
+    rows = [e._asdict() if isinstance(e, TraceEvent) else dict(e) for e in events]
+    live: dict[int, int] = {}
+    live_bytes = peak = allocs = frees = 0
+    for i, row in enumerate(rows, start=2):
+        if row.get("action") == "alloc":
+            if row["addr"] in live:
+                raise TraceFormatError(f"event {i}: alloc of live address {row['addr']:#x}")
+            live[row["addr"]] = row["size"]
+            live_bytes += row["size"]
+            peak = max(peak, live_bytes)
+            allocs += 1
+        elif row.get("action") == "free":
+            if row["addr"] not in live:
+                raise TraceFormatError(f"event {i}: free of address {row['addr']:#x}, not live")
+            live_bytes -= live.pop(row["addr"])
+            frees += 1
+    full_header: dict[str, Any] = {"type": "header", "format": FORMAT, "format_version": 1}
+    full_header.update(header or {})
+    full_header["stats"] = {
+        "events": len(rows),
+        "allocs": allocs,
+        "frees": frees,
+        "peak_live_bytes": peak,
+        "live_at_end_bytes": live_bytes,
+    }
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as out:
+        out.write(json.dumps(full_header) + "\n")
+        for row in rows:
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")
+    return full_header
