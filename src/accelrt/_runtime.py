@@ -254,3 +254,18 @@ def get_allocator(backend: Backend, index: int) -> CachingAllocator:
 def peek_allocator(backend: Backend, index: int) -> CachingAllocator | None:
     """Return the allocator of a device if it exists; never creates one."""
     return _allocators.get((backend.name, index))
+
+
+def reset_state() -> None:
+    """Forget the chosen accelerator, the allocators, the settings and this thread's devices.
+
+    Allocators are emptied first (memory still allocated stays with its buffers). For tests and
+    for programs that switch backends; not part of the public API.
+    """
+    with _lock:
+        for allocator in _allocators.values():
+            allocator.empty_cache()
+        _allocators.clear()
+        _chosen.clear()
+        _config.clear()
+        _local.__dict__.clear()

@@ -327,3 +327,8 @@ def set_stream(stream: Stream) -> None:
         )
     _runtime.set_current_index(stream._backend, stream._index)
     _set_current(stream)
+
+
+def reset_local() -> None:
+    """Forget this thread's current streams (for tests; see ``_runtime.reset_state``)."""
+    _local.__dict__.clear()

@@ -60,7 +60,7 @@ class OpenCLEvent:
 class _CLDevice:
     """Per-device state, created on first use of the device."""
 
-    __slots__ = ("allocations", "context", "held", "keepalive", "queues")
+    __slots__ = ("allocations", "context", "held", "keepalive", "last", "queues")
 
     def __init__(self, cl: Any, device: Any) -> None:
         self.context = cl.Context([device])
@@ -70,6 +70,8 @@ class _CLDevice:
         self.held = 0
         # (event, host object) pairs of async host copies, kept until the copy completes
         self.keepalive: list[tuple[Any, Any]] = []
+        # the last command this backend enqueued on each queue, None once finished
+        self.last: dict[int, Any] = {}
 
 
 class OpenCLBackend:
@@ -182,6 +184,7 @@ class OpenCLBackend:
             raise ValueError(f"opencl:{index}: {ptr:#x} is not an address returned by malloc")
         for queue in state.queues.values():
             queue.finish()
+        state.last.clear()
         state.keepalive.clear()
         state.held -= int(allocation.size)
         allocation.release()
@@ -208,6 +211,10 @@ class OpenCLBackend:
             state.queues[handle] = queue
         return handle
 
+    def context(self, index: int) -> Any:
+        """Return the device's ``pyopencl.Context`` (for native interop, e.g. user events)."""
+        return self._dev(index).context
+
     def queue(self, index: int, stream: int) -> Any:
         """Return the ``pyopencl.CommandQueue`` behind a stream handle (for native interop)."""
         return self._dev(index).queues[stream]
@@ -218,24 +225,34 @@ class OpenCLBackend:
         if state is None:
             return
         queue = state.queues.pop(stream, None)
+        state.last.pop(stream, None)
         if queue is not None:
             queue.finish()
 
     def stream_query(self, index: int, stream: int) -> bool:
-        """Enqueue a marker and report whether it (so everything before it) has completed."""
-        cl = _import_cl()
-        marker = cl.enqueue_marker(self.queue(index, stream))
-        return bool(marker.command_execution_status == cl.command_execution_status.COMPLETE)
+        """Whether the last command accelrt enqueued on the queue has completed.
+
+        Work enqueued directly on the native queue is not seen; record an event after it.
+        """
+        last = self._dev(index).last.get(stream)
+        return last is None or bool(
+            last.command_execution_status == _import_cl().command_execution_status.COMPLETE
+        )
 
     def stream_synchronize(self, index: int, stream: int) -> None:
         """``clFinish`` on the queue."""
-        self.queue(index, stream).finish()
-        self._prune_keepalive(self._dev(index))
+        state = self._dev(index)
+        state.queues[stream].finish()
+        state.last[stream] = None
+        self._prune_keepalive(state)
 
     def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
         """Enqueue a barrier that waits for the event's marker."""
         if event.marker is not None:
-            _import_cl().enqueue_barrier(self.queue(index, stream), wait_for=[event.marker])
+            barrier = _import_cl().enqueue_barrier(
+                self.queue(index, stream), wait_for=[event.marker]
+            )
+            self._dev(index).last[stream] = barrier
 
     # events
     def event_create(self, index: int, timing: bool) -> OpenCLEvent:
@@ -245,6 +262,7 @@ class OpenCLBackend:
     def event_record(self, event: Any, index: int, stream: int) -> None:
         """Enqueue a marker on the stream's queue."""
         event.marker = _import_cl().enqueue_marker(self.queue(index, stream))
+        self._dev(index).last[stream] = event.marker
 
     def event_query(self, event: Any) -> bool:
         """True if unrecorded or the marker has completed."""
@@ -282,6 +300,7 @@ class OpenCLBackend:
         event = cl.enqueue_copy(
             self.queue(index, stream), target, source, byte_count=nbytes, is_blocking=False
         )
+        state.last[stream] = event
         host = dst if not isinstance(dst, int) else src if not isinstance(src, int) else None
         if host is not None:
             self._prune_keepalive(state)
@@ -292,7 +311,7 @@ class OpenCLBackend:
         import numpy as np
 
         cl = _import_cl()
-        cl.enqueue_svm_memfill(
+        self._dev(index).last[stream] = cl.enqueue_svm_memfill(
             self.queue(index, stream), cl.SVM(_host_array(ptr, nbytes)), np.uint8(value)
         )
 
@@ -313,4 +332,5 @@ class OpenCLBackend:
             return
         for queue in list(state.queues.values()):
             queue.finish()
+        state.last.clear()
         self._prune_keepalive(state)

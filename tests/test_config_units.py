@@ -1,0 +1,97 @@
+"""ACCELRT_ALLOC_CONF parsing and byte sizes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import accelrt as acc
+from accelrt import AllocatorConfig, format_bytes, parse_bytes
+
+MiB = 1 << 20
+
+
+def test_parse_full_config() -> None:
+    cfg = AllocatorConfig.parse(
+        "max_split_size_mb:128, max_non_split_rounding_mb:40,roundup_power2_divisions:[256:1,512:2,>:4],"
+        "garbage_collection_threshold:0.6,expandable_segments:False,per_process_memory_fraction:0.5,"
+        "release_lock_on_malloc:True"
+    )
+    assert cfg.max_split_size == 128 * MiB
+    assert cfg.max_non_split_rounding == 40 * MiB
+    assert cfg.roundup_power2_divisions == (1,) * 9 + (2,) + (4,) * 6
+    assert cfg.garbage_collection_threshold == 0.6
+    assert cfg.per_process_memory_fraction == 0.5
+    assert cfg.release_lock_on_malloc and not cfg.expandable_segments
+    assert AllocatorConfig.parse("roundup_power2_divisions:8").roundup_power2_divisions == (8,) * 16
+    assert AllocatorConfig.parse("").describe() == "defaults"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max_split_size_mb:10", "max_split_size_mb must be an integer >= 20 (MiB), got '10'"),
+        ("max_split_size_mb:abc", "max_split_size_mb must be an integer >= 20"),
+        ("garbage_collection_threshold:1.5", "garbage_collection_threshold must be a number with 0 < x < 1"),
+        ("per_process_memory_fraction:0", "per_process_memory_fraction must be a number with 0 < x <= 1"),
+        ("expandable_segments:yes", "expandable_segments must be True or False, got 'yes'"),
+        ("roundup_power2_divisions:3", "must be 0 or a power of two, got '3'"),
+        ("roundup_power2_divisions:[100:2]", "interval '100' must be a power of two in MiB"),
+        ("colour:blue", "unknown allocator setting 'colour'; known settings: max_split_size_mb"),
+        ("max_split_size_mb", "malformed allocator setting 'max_split_size_mb'"),
+        ("roundup_power2_divisions:[1:2", "unbalanced '['"),
+    ],
+)
+def test_bad_config_is_clear(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        AllocatorConfig.parse(text)
+    assert message in str(info.value)
+
+
+def test_bad_env_config_names_the_variable(monkeypatch: pytest.MonkeyPatch, sim: str) -> None:
+    monkeypatch.setenv("ACCELRT_ALLOC_CONF", "max_split_size_mb:1")
+    with pytest.raises(ValueError, match=r"ACCELRT_ALLOC_CONF='max_split_size_mb:1': max_split_size_mb"):
+        acc.empty(1)
+
+
+def test_set_allocator_settings_keeps_state_on_error(sim: str) -> None:
+    acc.set_allocator_settings("max_split_size_mb:64")
+    with pytest.raises(ValueError):
+        acc.set_allocator_settings("max_split_size_mb:64,bogus:1")
+    acc.empty(1).free()
+    assert acc.memory_stats()["max_split_size"] == 64 * MiB
+
+
+def test_expandable_segments_warns_and_falls_back(sim: str) -> None:
+    acc.set_allocator_settings("expandable_segments:True")
+    with pytest.warns(RuntimeWarning, match="expandable segments are not implemented yet"):
+        buf = acc.empty(1)
+    assert acc.memory_reserved() == 2 * MiB
+    buf.free()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("512MiB", 512 * MiB), ("80GiB", 80 << 30), ("1.5KiB", 1536), ("4096", 4096), ("2GB", 2_000_000_000),
+     (" 3 m ", 3 * MiB)],
+)
+def test_parse_bytes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize(("bad", "exc"), [("12 parsecs", ValueError), (-1, ValueError), (1.0, TypeError), (True, TypeError)])
+def test_parse_bytes_errors(bad: object, exc: type) -> None:
+    with pytest.raises(exc):
+        parse_bytes(bad)  # type: ignore[arg-type]
+
+
+@given(st.integers(0, 1 << 50))
+def test_format_bytes_units(n: int) -> None:
+    text = format_bytes(n)
+    if n <= 1024:
+        assert text == f"{n} bytes"
+    else:
+        number, unit = text.split()
+        scale = {"KiB": 1024, "MiB": MiB, "GiB": 1 << 30}[unit]
+        assert abs(float(number) * scale - n) <= 0.005 * scale

@@ -1,0 +1,108 @@
+"""``accelrt replay`` and ``accelrt info``: the shipped real trace, reports, errors, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accelrt.cli import main
+from accelrt.replay import replay
+from accelrt.trace import TraceEvent, load, write
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "transformer_train.jsonl.gz"
+MiB = 1 << 20
+
+
+def test_replay_shipped_trace(device: str) -> None:
+    trace = load(EXAMPLE)
+    report = replay(trace, device=f"{device}:0")
+    assert report.events == len(trace.events) == 6141
+    assert report.peak_requested_bytes == trace.peak_live_bytes == trace.header["stats"]["peak_live_bytes"]
+    assert report.peak_reserved_bytes >= report.peak_allocated_bytes >= report.peak_requested_bytes
+    assert report.fragmentation == report.peak_reserved_bytes / report.peak_requested_bytes
+    assert report.num_ooms == 0 and report.device == f"{device}:0"
+
+
+def test_replay_is_deterministic_on_sim() -> None:
+    trace = load(EXAMPLE)
+    a = replay(trace, device="sim", config="max_split_size_mb:64")
+    b = replay(trace, device="sim", config="max_split_size_mb:64")
+    assert a.peak_reserved_bytes == b.peak_reserved_bytes
+    assert a.num_device_alloc == b.num_device_alloc
+    assert a.config == "max_split_size_mb:64"
+
+
+def test_replay_records_ooms_and_continues(tmp_path: Path) -> None:
+    events = [TraceEvent("alloc", i, 30 * MiB, 0) for i in range(4)] + [
+        TraceEvent("free", 0, 30 * MiB, 0),
+        TraceEvent("alloc", 9, 10 * MiB, 0),
+    ]
+    write(tmp_path / "o.jsonl.gz", events)
+    report = replay(load(tmp_path / "o.jsonl.gz"), device="sim", capacity="64MiB")
+    assert report.num_ooms == 2
+    assert [o.event for o in report.ooms] == [2, 3]
+    assert report.ooms[0].requested_bytes == 30 * MiB
+    assert report.peak_reserved_bytes == 60 * MiB
+
+
+def test_replay_rejects_capacity_on_real_device() -> None:
+    with pytest.raises(ValueError, match="capacity applies to the simulated device only"):
+        replay(load(EXAMPLE), device="opencl:0", capacity="1GiB")
+
+
+def test_cli_replay_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(EXAMPLE), "--device", "sim", "--capacity", "80GiB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("events", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+                "fragmentation", "num_device_alloc", "num_device_free", "num_ooms",
+                "wall_seconds", "events_per_second"):
+        assert key in data
+    assert data["peak_requested_bytes"] == 341293844
+    assert data["capacity_bytes"] == 80 << 30
+
+
+def test_cli_replay_compares_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["replay", str(EXAMPLE), "--device", "sim", "--config", "", "--config",
+            "roundup_power2_divisions:4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "defaults" in out and "roundup_power2_divisions" in out
+    assert "peak requested 341293844 bytes equals the trace's peak live 341293844 bytes" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["replay", "missing.jsonl.gz"], "No such file or directory"),
+        (["replay", str(EXAMPLE), "--device", "sim", "--config", "bogus:1"],
+         "unknown allocator setting 'bogus'"),
+        (["replay", str(EXAMPLE), "--device", "sim", "--capacity", "lots"], "cannot parse sim capacity"),
+        (["replay", str(EXAMPLE), "--device", "nope:0"], "unknown backend 'nope'"),
+    ],
+)
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_cli_info_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"opencl", "sim"} <= set(data["registered_backends"])
+    for dev in data["devices"]:
+        assert dev["total_memory_bytes"] > 0
+
+
+def test_cli_as_subprocess() -> None:
+    env = {**os.environ, "ACCELRT_BACKEND": "sim"}
+    out = subprocess.run(
+        [sys.executable, "-m", "accelrt.cli", "info"], capture_output=True, text=True, env=env,
+        check=True,
+    )
+    assert "accelerator: sim" in out.stdout and "sim:0" in out.stdout
