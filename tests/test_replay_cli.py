@@ -22,7 +22,11 @@ def test_replay_shipped_trace(device: str) -> None:
     trace = load(EXAMPLE)
     report = replay(trace, device=f"{device}:0")
     assert report.events == len(trace.events) == 6141
-    assert report.peak_requested_bytes == trace.peak_live_bytes == trace.header["stats"]["peak_live_bytes"]
+    assert (
+        report.peak_requested_bytes
+        == trace.peak_live_bytes
+        == trace.header["stats"]["peak_live_bytes"]
+    )
     assert report.peak_reserved_bytes >= report.peak_allocated_bytes >= report.peak_requested_bytes
     assert report.fragmentation == report.peak_reserved_bytes / report.peak_requested_bytes
     assert report.num_ooms == 0 and report.device == f"{device}:0"
@@ -58,17 +62,34 @@ def test_replay_rejects_capacity_on_real_device() -> None:
 def test_cli_replay_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(EXAMPLE), "--device", "sim", "--capacity", "80GiB", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    for key in ("events", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
-                "fragmentation", "num_device_alloc", "num_device_free", "num_ooms",
-                "wall_seconds", "events_per_second"):
+    for key in (
+        "events",
+        "peak_requested_bytes",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "fragmentation",
+        "num_device_alloc",
+        "num_device_free",
+        "num_ooms",
+        "wall_seconds",
+        "events_per_second",
+    ):
         assert key in data
     assert data["peak_requested_bytes"] == 341293844
     assert data["capacity_bytes"] == 80 << 30
 
 
 def test_cli_replay_compares_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["replay", str(EXAMPLE), "--device", "sim", "--config", "", "--config",
-            "roundup_power2_divisions:4"]
+    argv = [
+        "replay",
+        str(EXAMPLE),
+        "--device",
+        "sim",
+        "--config",
+        "",
+        "--config",
+        "roundup_power2_divisions:4",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "defaults" in out and "roundup_power2_divisions" in out
@@ -79,13 +100,20 @@ def test_cli_replay_compares_settings(capsys: pytest.CaptureFixture[str]) -> Non
     ("argv", "message"),
     [
         (["replay", "missing.jsonl.gz"], "No such file or directory"),
-        (["replay", str(EXAMPLE), "--device", "sim", "--config", "bogus:1"],
-         "unknown allocator setting 'bogus'"),
-        (["replay", str(EXAMPLE), "--device", "sim", "--capacity", "lots"], "cannot parse sim capacity"),
+        (
+            ["replay", str(EXAMPLE), "--device", "sim", "--config", "bogus:1"],
+            "unknown allocator setting 'bogus'",
+        ),
+        (
+            ["replay", str(EXAMPLE), "--device", "sim", "--capacity", "lots"],
+            "cannot parse sim capacity",
+        ),
         (["replay", str(EXAMPLE), "--device", "nope:0"], "unknown backend 'nope'"),
     ],
 )
-def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+def test_cli_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
@@ -102,7 +130,10 @@ def test_cli_info_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_as_subprocess() -> None:
     env = {**os.environ, "ACCELRT_BACKEND": "sim"}
     out = subprocess.run(
-        [sys.executable, "-m", "accelrt.cli", "info"], capture_output=True, text=True, env=env,
+        [sys.executable, "-m", "accelrt.cli", "info"],
+        capture_output=True,
+        text=True,
+        env=env,
         check=True,
     )
     assert "accelerator: sim" in out.stdout and "sim:0" in out.stdout

@@ -179,9 +179,9 @@ def test_copy_round_trip(device: str) -> None:
     assert (view == host).all()
     with pytest.raises(ValueError, match="sizes differ: dst has 4000 bytes, src 8"):
         acc.copy_(buf, np.zeros(2, np.uint32))
-    with pytest.raises(TypeError, match="needs at least one accelrt.Buffer"):
+    with pytest.raises(TypeError, match=r"needs at least one accelrt\.Buffer"):
         acc.copy_(out, host)
-    with pytest.raises(ValueError, match="read-only"):
+    with pytest.raises(ValueError, match="is read-only"):
         acc.copy_(b"x" * 4000, buf)
     buf.free()
     other.free()
@@ -219,7 +219,9 @@ def test_no_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not acc.is_available()
     assert acc.device_count() == 0
     assert acc.current_accelerator() is None
-    with pytest.raises(RuntimeError, match="Cannot access accelerator device when none is available."):
+    with pytest.raises(
+        RuntimeError, match=r"^Cannot access accelerator device when none is available\.$"
+    ):
         acc.current_device_index()
     with pytest.raises(RuntimeError, match="Cannot access accelerator device"):
         acc.empty(1)

@@ -55,8 +55,12 @@ def test_host_events_skipped_by_default(tmp_path: Path) -> None:
 
 def test_plain_jsonl_is_read(tmp_path: Path) -> None:
     path = tmp_path / "plain.jsonl"
-    path.write_text(json.dumps(HEADER) + "\n" + json.dumps(
-        {"action": "alloc", "addr": 1, "size": 3, "stream": 0, "t": 0}) + "\n")
+    path.write_text(
+        json.dumps(HEADER)
+        + "\n"
+        + json.dumps({"action": "alloc", "addr": 1, "size": 3, "stream": 0, "t": 0})
+        + "\n"
+    )
     assert load(path).events == [TraceEvent("alloc", 1, 3, 0)]
 
 

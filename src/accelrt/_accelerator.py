@@ -103,7 +103,7 @@ def set_device_index(device: DeviceLike) -> None:
     _runtime.set_current_index(backend, index)
 
 
-class device_index:  # noqa: N801 - mirrors torch.accelerator.device_index
+class device_index:
     """Context manager that makes ``device`` current and restores the previous device on exit.
 
     Parameters

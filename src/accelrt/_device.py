@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 __all__ = ["Device", "DeviceLike", "DeviceProperties"]
 
@@ -51,7 +51,7 @@ class Device:
     _type: str
     _index: int | None
 
-    def __init__(self, type: str | Device, index: int | None = None) -> None:  # noqa: A002
+    def __init__(self, type: str | Device, index: int | None = None) -> None:
         if isinstance(type, Device):
             if index is not None:
                 raise ValueError(f"Device {type!s} already has an index; got index={index!r} too")
@@ -157,5 +157,5 @@ class DeviceProperties:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-DeviceLike = Union[int, str, Device, None]
+DeviceLike: TypeAlias = "int | str | Device | None"
 """A device argument: an index, a string such as ``"opencl:0"``, a ``Device``, or None."""

@@ -179,11 +179,11 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     device = buffers[0].device
     if any(b.device != device for b in buffers):
         raise ValueError(f"copy_() between devices {dst.device} and {src.device} is not supported")
-    target: int | memoryview = dst.block.address if isinstance(dst, Buffer) else _host_view(
-        dst, writable=True
+    target: int | memoryview = (
+        dst.block.address if isinstance(dst, Buffer) else _host_view(dst, writable=True)
     )
-    source: int | memoryview = src.block.address if isinstance(src, Buffer) else _host_view(
-        src, writable=False
+    source: int | memoryview = (
+        src.block.address if isinstance(src, Buffer) else _host_view(src, writable=False)
     )
     dst_bytes = dst.nbytes if isinstance(dst, Buffer) else len(target)  # type: ignore[arg-type]
     src_bytes = src.nbytes if isinstance(src, Buffer) else len(source)  # type: ignore[arg-type]

@@ -51,7 +51,7 @@ class Stream:
     ...     assert acc.current_stream() == s
     """
 
-    __slots__ = ("_backend", "_handle", "_index", "_owned", "_priority", "__weakref__")
+    __slots__ = ("__weakref__", "_backend", "_handle", "_index", "_owned", "_priority")
 
     def __init__(self, device: DeviceLike = None, priority: int = 0) -> None:
         backend, index = _runtime.resolve_device(device)

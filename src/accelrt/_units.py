@@ -77,13 +77,15 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
             f"cannot parse {name} {value!r}: expected a number of bytes with an optional unit "
             "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. '512MiB'"
         )
-    number = match.group(1)
-    multiplier = _UNITS[unit]
+    number: str = match.group(1)
+    multiplier = _UNITS[str(unit)]
     if "." in number:
         whole, _, frac = number.partition(".")
         scale = 10 ** len(frac)
-        return (int(whole or "0") * scale + int(frac or "0")) * multiplier // scale
-    return int(number) * multiplier
+        exact: int = (int(whole or "0") * scale + int(frac or "0")) * multiplier // scale
+        return exact
+    whole_bytes: int = int(number) * multiplier
+    return whole_bytes
 
 
 def format_bytes(nbytes: int) -> str:

@@ -35,7 +35,7 @@ def _info_data() -> dict[str, Any]:
         backend = get_backend(name)
         for index in range(backend.device_count()):
             props = backend.get_device_properties(index)
-            free, total = backend.mem_get_info(index)
+            free = backend.mem_get_info(index)[0]
             data["devices"].append(
                 {
                     "device": f"{name}:{index}",
@@ -106,13 +106,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
             with Progress(transient=True) as bar:
                 task = bar.add_task(f"replaying {trace.name}", total=len(trace.events))
+
+                def advance(done: int, _total: int, task: Any = task) -> None:
+                    bar.update(task, completed=done)
+
                 reports.append(
                     replay(
                         trace,
                         device=device,
                         capacity=args.capacity,
                         config=config,
-                        progress=lambda done, _total: bar.update(task, completed=done),
+                        progress=advance,
                     )
                 )
         else:
@@ -131,7 +135,9 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
 
     first = reports[0]
     console = Console()
-    view = "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
+    view = (
+        "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
+    )
     console.print(
         f"[bold]{name}[/bold] on {first.device} ({format_bytes(first.capacity_bytes)}): "
         f"{first.events} events ({view}); trace peak live {first.trace_peak_live_bytes} bytes "
@@ -182,9 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show backends, devices, properties and memory")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(func=_cmd_info)
-    rep = sub.add_parser(
-        "replay", help="replay an allocation trace through the caching allocator"
-    )
+    rep = sub.add_parser("replay", help="replay an allocation trace through the caching allocator")
     rep.add_argument("trace", help="an accelrt trace (.jsonl.gz)")
     rep.add_argument(
         "--device",

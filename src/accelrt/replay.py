@@ -175,7 +175,11 @@ def replay(
     hands out no memory for them. On a real device all memory is given back at the end.
     """
     settings = AllocatorConfig.coerce(config)
-    if capacity is None and "device_capacity_bytes" in trace.header and Device(device).type == "sim":
+    if (
+        capacity is None
+        and "device_capacity_bytes" in trace.header
+        and Device(device).type == "sim"
+    ):
         capacity = int(trace.header["device_capacity_bytes"])
     backend, index = _open_device(device, capacity)
     allocator = CachingAllocator(backend, index, settings)
@@ -240,4 +244,3 @@ def replay(
         events_per_second=total / wall if wall > 0 else 0.0,
         ooms=ooms,
     )
-

@@ -23,7 +23,9 @@ WORKED_EXAMPLES = [
 ]
 
 
-@pytest.mark.parametrize(("nbytes", "allocated", "reserved", "requested", "splits"), WORKED_EXAMPLES)
+@pytest.mark.parametrize(
+    ("nbytes", "allocated", "reserved", "requested", "splits"), WORKED_EXAMPLES
+)
 def test_worked_examples(
     device: str, nbytes: int, allocated: int, reserved: int, requested: int, splits: int
 ) -> None:
@@ -88,16 +90,32 @@ def test_memory_stats_keys(sim: str) -> None:
     expected = {
         f"{name}.{pool}.{metric}"
         for name in (
-            "allocation", "segment", "active", "inactive_split", "allocated_bytes",
-            "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
+            "allocation",
+            "segment",
+            "active",
+            "inactive_split",
+            "allocated_bytes",
+            "reserved_bytes",
+            "active_bytes",
+            "inactive_split_bytes",
+            "requested_bytes",
         )
         for pool in ("all", "small_pool", "large_pool")
         for metric in ("current", "peak", "allocated", "freed")
     }
-    expected |= {f"oversize_{k}.{m}" for k in ("allocations", "segments")
-                 for m in ("current", "peak", "allocated", "freed")}
-    expected |= {"num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-                 "num_device_free", "max_split_size"}
+    expected |= {
+        f"oversize_{k}.{m}"
+        for k in ("allocations", "segments")
+        for m in ("current", "peak", "allocated", "freed")
+    }
+    expected |= {
+        "num_alloc_retries",
+        "num_ooms",
+        "num_sync_all_streams",
+        "num_device_alloc",
+        "num_device_free",
+        "max_split_size",
+    }
     assert set(keys) == expected
     assert acc.memory_stats()["max_split_size"] == -1
 
@@ -236,7 +254,9 @@ def test_oom_retry_releases_cache(small_sim: str) -> None:
 
 def test_garbage_collection_threshold_frees_old_blocks() -> None:
     backend = SimBackend(device_count=1, capacity=100 * MiB)
-    config = AllocatorConfig.parse("garbage_collection_threshold:0.5,per_process_memory_fraction:1.0")
+    config = AllocatorConfig.parse(
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:1.0"
+    )
     alloc = CachingAllocator(backend, 0, config)
     a = alloc.malloc(30 * MiB, 0)
     b = alloc.malloc(30 * MiB, 0)
@@ -257,7 +277,12 @@ def test_rounding_and_segment_sizes() -> None:
     assert round_size(5_000_000, four) == 5_242_880
     assert round_size(1 << 22, four) == 1 << 22
     assert [segment_size(n) for n in (512, MiB, MiB + 512, 10 * MiB - 512, 10 * MiB, 11 * MiB)] == [
-        2 * MiB, 2 * MiB, 20 * MiB, 20 * MiB, 10 * MiB, 12 * MiB,
+        2 * MiB,
+        2 * MiB,
+        20 * MiB,
+        20 * MiB,
+        10 * MiB,
+        12 * MiB,
     ]
 
 

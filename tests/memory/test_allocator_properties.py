@@ -11,15 +11,18 @@ from accelrt.memory._block import Block
 from accelrt.memory._config import AllocatorConfig
 
 MiB = 1 << 20
-SIZES = st.one_of(
-    st.integers(1, 4096), st.integers(1, 2 * MiB), st.integers(MiB, 64 * MiB)
-)
+SIZES = st.one_of(st.integers(1, 4096), st.integers(1, 2 * MiB), st.integers(MiB, 64 * MiB))
 OPS = st.lists(
     st.tuples(st.sampled_from(["alloc", "alloc", "free", "empty_cache"]), SIZES, st.integers(0, 2)),
     max_size=80,
 )
 CONFIGS = st.sampled_from(
-    ["", "max_split_size_mb:32", "roundup_power2_divisions:4", "max_split_size_mb:20,roundup_power2_divisions:[1:2,>:8]"]
+    [
+        "",
+        "max_split_size_mb:32",
+        "roundup_power2_divisions:4",
+        "max_split_size_mb:20,roundup_power2_divisions:[1:2,>:8]",
+    ]
 )
 
 

@@ -55,7 +55,7 @@ class Backend(Protocol):
     """The device type, e.g. ``"opencl"``; used in device strings (``"opencl:0"``)."""
 
     def is_available(self) -> bool:
-        """Return True if the backend can be used (library importable, >= 1 device); never raises."""
+        """Return True if the library imports and there is >= 1 device; never raises."""
 
     def device_count(self) -> int:
         """Return the number of usable devices; 0 when unavailable; never raises."""

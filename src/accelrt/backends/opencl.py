@@ -43,7 +43,7 @@ def _import_cl() -> Any:
 def _host_array(ptr: int, nbytes: int) -> Any:
     import numpy as np
 
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=np.uint8)
+    return np.frombuffer(memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B"), np.uint8)
 
 
 class OpenCLEvent:

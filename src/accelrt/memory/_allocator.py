@@ -589,6 +589,5 @@ def _as_size(value: Any) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(
-            f"allocation size must be an int number of bytes, got {type(value).__name__} "
-            f"{value!r}"
+            f"allocation size must be an int number of bytes, got {type(value).__name__} {value!r}"
         ) from None

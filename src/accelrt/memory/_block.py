@@ -123,5 +123,7 @@ class BlockPool:
 
     def blocks(self) -> Iterator[Block]:
         """Iterate over a snapshot of all blocks in (stream, size, address) order."""
-        ordered = [self._blocks[k & _ADDRESS_MASK] for s in sorted(self._keys) for k in self._keys[s]]
+        ordered = [
+            self._blocks[k & _ADDRESS_MASK] for s in sorted(self._keys) for k in self._keys[s]
+        ]
         return iter(ordered)

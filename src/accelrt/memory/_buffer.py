@@ -51,7 +51,7 @@ class Buffer:
     Not thread-safe to free from two threads at once.
     """
 
-    __slots__ = ("_allocator", "_block", "_stream", "nbytes", "ptr", "__weakref__")
+    __slots__ = ("__weakref__", "_allocator", "_block", "_stream", "nbytes", "ptr")
 
     def __init__(
         self,
@@ -180,7 +180,7 @@ class Buffer:
         return f"Buffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device!s}{state})"
 
     def __del__(self) -> None:
-        try:
+        try:  # noqa: SIM105 - no imports in __del__: it may run at interpreter exit
             self.free()
         except Exception:  # __del__ never raises
             pass

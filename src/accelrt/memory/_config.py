@@ -162,9 +162,7 @@ class AllocatorConfig:
         if self.max_non_split_rounding != default.max_non_split_rounding:
             parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding // MiB}")
         if self.roundup_power2_divisions != default.roundup_power2_divisions:
-            slots = ",".join(
-                f"{1 << i}:{d}" for i, d in enumerate(self.roundup_power2_divisions)
-            )
+            slots = ",".join(f"{1 << i}:{d}" for i, d in enumerate(self.roundup_power2_divisions))
             parts.append(f"roundup_power2_divisions:[{slots}]")
         if self.garbage_collection_threshold:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")

@@ -139,7 +139,7 @@ class DeviceStats:
         """Flatten into ``memory_stats()`` keys, sorted; e.g. ``allocated_bytes.all.current``."""
         out: dict[str, int] = {}
         for name, array in self._arrays():
-            for pool, stat in zip(_POOLS, array.stats()):
+            for pool, stat in zip(_POOLS, array.stats(), strict=True):
                 _put(out, f"{name}.{pool}", stat)
         _put(out, "oversize_allocations", self.oversize_allocations)
         _put(out, "oversize_segments", self.oversize_segments)

@@ -194,14 +194,13 @@ def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
 def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
     if obj.get("type") != "header" or obj.get("format") != FORMAT:
         raise TraceFormatError(
-            f"{where}: expected a header with \"type\": \"header\" and \"format\": "
-            f"\"{FORMAT}\", got {json.dumps(obj)[:80]}"
+            f'{where}: expected a header with "type": "header" and "format": '
+            f'"{FORMAT}", got {json.dumps(obj)[:80]}'
         )
     version = obj.get("format_version")
     if version != FORMAT_VERSION:
         raise TraceFormatError(
-            f"{where}: unsupported format_version {version!r}; this accelrt reads "
-            f"{FORMAT_VERSION}"
+            f"{where}: unsupported format_version {version!r}; this accelrt reads {FORMAT_VERSION}"
         )
     return obj
 

@@ -11,6 +11,7 @@ from ._format import Trace, load, write
 
 __all__ = ["record_torch"]
 
+
 def record_torch(
     fn: Callable[[], Any],
     path: str | os.PathLike[str],
@@ -67,7 +68,9 @@ def record_torch(
             if node.tag == _EventType.Allocation:
                 fields = node.extra_fields
                 op = node.parent.name if node.parent is not None else None
-                raw.append((node.start_time_ns, len(raw), int(fields.ptr), int(fields.alloc_size), op))
+                raw.append(
+                    (node.start_time_ns, len(raw), int(fields.ptr), int(fields.alloc_size), op)
+                )
             walk(node.children)
 
     walk(prof.profiler.kineto_results.experimental_event_tree())
@@ -79,16 +82,41 @@ def record_torch(
     for t, _, ptr, size, op in raw:
         if size > 0:
             live[ptr] = size
-            rows.append({"action": "alloc", "addr": ptr, "size": size, "stream": 0,
-                         "t": t - start, "op": op})
+            rows.append(
+                {
+                    "action": "alloc",
+                    "addr": ptr,
+                    "size": size,
+                    "stream": 0,
+                    "t": t - start,
+                    "op": op,
+                }
+            )
         elif size < 0:
             nbytes = live.pop(ptr, None)
             if nbytes is None:
                 nbytes = -size
-                synthetic.append({"action": "alloc", "addr": ptr, "size": nbytes, "stream": 0,
-                                  "t": 0, "op": None, "synthetic": 1})
-            rows.append({"action": "free", "addr": ptr, "size": nbytes, "stream": 0,
-                         "t": t - start, "op": op})
+                synthetic.append(
+                    {
+                        "action": "alloc",
+                        "addr": ptr,
+                        "size": nbytes,
+                        "stream": 0,
+                        "t": 0,
+                        "op": None,
+                        "synthetic": 1,
+                    }
+                )
+            rows.append(
+                {
+                    "action": "free",
+                    "addr": ptr,
+                    "size": nbytes,
+                    "stream": 0,
+                    "t": t - start,
+                    "op": op,
+                }
+            )
     header = {
         "name": name,
         "workload": workload or {},
