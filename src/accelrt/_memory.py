@@ -13,7 +13,7 @@ from typing import Any
 from . import _runtime
 from ._device import DeviceLike
 from ._stream import Stream, current_stream
-from .memory._allocator import _as_size
+from .memory._allocator import CachingAllocator, _as_size
 from .memory._buffer import Buffer
 from .memory._config import AllocatorConfig
 
@@ -198,9 +198,14 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     return dst
 
 
-def _stats_of(device: DeviceLike) -> dict[str, int]:
+def _existing_allocator(device: DeviceLike) -> CachingAllocator | None:
+    """The device's allocator if it exists; never creates one (nor initialises a driver)."""
     backend, index = _runtime.resolve_device(device)
-    allocator = _runtime.peek_allocator(backend, index)
+    return _runtime.peek_allocator(backend, index)
+
+
+def _stats_of(device: DeviceLike) -> dict[str, int]:
+    allocator = _existing_allocator(device)
     return allocator.memory_stats() if allocator is not None else {}
 
 
@@ -269,8 +274,7 @@ def reset_peak_memory_stats(device: DeviceLike = None) -> None:
 
     Mirrors ``torch.accelerator.reset_peak_memory_stats``. Raises as ``memory_stats``.
     """
-    backend, index = _runtime.resolve_device(device)
-    allocator = _runtime.peek_allocator(backend, index)
+    allocator = _existing_allocator(device)
     if allocator is not None:
         allocator.reset_peak_memory_stats()
 
@@ -280,8 +284,7 @@ def reset_accumulated_memory_stats(device: DeviceLike = None) -> None:
 
     Mirrors ``torch.accelerator.reset_accumulated_memory_stats``. Raises as ``memory_stats``.
     """
-    backend, index = _runtime.resolve_device(device)
-    allocator = _runtime.peek_allocator(backend, index)
+    allocator = _existing_allocator(device)
     if allocator is not None:
         allocator.reset_accumulated_memory_stats()
 
@@ -293,8 +296,7 @@ def empty_cache(device: DeviceLike = None) -> None:
     partly used segments, stay. Mirrors ``torch.accelerator.empty_cache``. Raises as
     ``memory_stats``.
     """
-    backend, index = _runtime.resolve_device(device)
-    allocator = _runtime.peek_allocator(backend, index)
+    allocator = _existing_allocator(device)
     if allocator is not None:
         allocator.empty_cache()
 
