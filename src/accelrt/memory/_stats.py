@@ -75,15 +75,29 @@ class StatArray:
         self.small = Stat()
         self.large = Stat()
 
+    # The allocator's hot path calls these a dozen times per alloc+free pair, so the two
+    # Stat updates are written out here rather than calling Stat.increase/decrease.
     def increase(self, is_small: bool, amount: int) -> None:
         """Increase ``all`` and the given pool's stat."""
-        self.all.increase(amount)
-        (self.small if is_small else self.large).increase(amount)
+        total = self.all
+        total.current += amount
+        total.allocated += amount
+        if total.current > total.peak:
+            total.peak = total.current
+        pool = self.small if is_small else self.large
+        pool.current += amount
+        pool.allocated += amount
+        if pool.current > pool.peak:
+            pool.peak = pool.current
 
     def decrease(self, is_small: bool, amount: int) -> None:
         """Decrease ``all`` and the given pool's stat."""
-        self.all.decrease(amount)
-        (self.small if is_small else self.large).decrease(amount)
+        total = self.all
+        total.current -= amount
+        total.freed += amount
+        pool = self.small if is_small else self.large
+        pool.current -= amount
+        pool.freed += amount
 
     def stats(self) -> tuple[Stat, Stat, Stat]:
         """Return the stats in key order: ``all``, ``small_pool``, ``large_pool``."""
