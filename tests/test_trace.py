@@ -112,3 +112,18 @@ def test_record_torch(tmp_path: Path) -> None:
     assert trace.name == "linear"
     assert any(e.size == 16 * 32 * 4 for e in allocs)  # the output activation
     assert trace.peak_live_bytes >= 16 * 64 * 4
+
+
+def test_write_refuses_inconsistent_events(tmp_path: Path) -> None:
+    with pytest.raises(
+        TraceFormatError, match="event on line 3: free of address 0x20, which is not live"
+    ):
+        write(
+            tmp_path / "w.jsonl.gz", [TraceEvent("alloc", 16, 8, 0), TraceEvent("free", 32, 8, 0)]
+        )
+    with pytest.raises(
+        TraceFormatError, match="event on line 3: alloc of address 0x10, which is already"
+    ):
+        write(
+            tmp_path / "w.jsonl.gz", [TraceEvent("alloc", 16, 8, 0), TraceEvent("alloc", 16, 8, 0)]
+        )

@@ -96,6 +96,38 @@ def _int_field(obj: dict[str, Any], key: str, where: str, *, minimum: int | None
     return value
 
 
+class _LiveSet:
+    """The live allocations of a trace as it is read or written: consistency and peak bytes.
+
+    Allocations with ``counted=False`` (host-only events left out of the device view) are
+    tracked for consistency but not counted in the live bytes.
+    """
+
+    __slots__ = ("live", "live_bytes", "peak")
+
+    def __init__(self) -> None:
+        self.live: dict[int, tuple[int, bool]] = {}
+        self.live_bytes = 0
+        self.peak = 0
+
+    def alloc(self, addr: int, size: int, where: str, counted: bool = True) -> None:
+        if addr in self.live:
+            raise TraceFormatError(f"{where}: alloc of address {addr:#x}, which is already live")
+        self.live[addr] = (size, counted)
+        if counted:
+            self.live_bytes += size
+            self.peak = max(self.peak, self.live_bytes)
+
+    def free(self, addr: int, where: str) -> tuple[int, bool]:
+        """Return the freed allocation's (size, counted)."""
+        entry = self.live.pop(addr, None)
+        if entry is None:
+            raise TraceFormatError(f"{where}: free of address {addr:#x}, which is not live")
+        if entry[1]:
+            self.live_bytes -= entry[0]
+        return entry
+
+
 def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
     """Read and validate a trace file.
 
@@ -122,8 +154,8 @@ def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
     """
     name = os.fspath(path)
     events: list[TraceEvent] = []
-    live: dict[int, tuple[int, bool]] = {}  # addr -> (size, kept)
-    live_bytes = peak = skipped = 0
+    live = _LiveSet()
+    skipped = 0
     try:
         with _open_text(path) as lines:
             header: dict[str, Any] | None = None
@@ -153,23 +185,9 @@ def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
                 stream = _int_field(obj, "stream", where, minimum=None) if "stream" in obj else 0
                 keep = include_host or not obj.get("host")
                 if action == "alloc":
-                    if addr in live:
-                        raise TraceFormatError(
-                            f"{where}: alloc of address {addr:#x}, which is already live"
-                        )
-                    live[addr] = (size, keep)
-                    if keep:
-                        live_bytes += size
-                        peak = max(peak, live_bytes)
+                    live.alloc(addr, size, where, counted=keep)
                 else:
-                    entry = live.pop(addr, None)
-                    if entry is None:
-                        raise TraceFormatError(
-                            f"{where}: free of address {addr:#x}, which is not live"
-                        )
-                    size, keep = entry
-                    if keep:
-                        live_bytes -= size
+                    size, keep = live.free(addr, where)
                 if keep:
                     events.append(TraceEvent(action, addr, size, stream))
                 else:
@@ -186,8 +204,8 @@ def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
         path=name,
         include_host=include_host,
         skipped_host_events=skipped,
-        peak_live_bytes=peak,
-        live_at_end_bytes=live_bytes,
+        peak_live_bytes=live.peak,
+        live_at_end_bytes=live.live_bytes,
     )
 
 
@@ -232,20 +250,14 @@ def write(
         If the events are inconsistent (a free of an address that is not live, ...).
     """
     rows = [e._asdict() if isinstance(e, TraceEvent) else dict(e) for e in events]
-    live: dict[int, int] = {}
-    live_bytes = peak = allocs = frees = 0
-    for i, row in enumerate(rows, start=2):
+    live = _LiveSet()
+    allocs = frees = 0
+    for line, row in enumerate(rows, start=2):
         if row.get("action") == "alloc":
-            if row["addr"] in live:
-                raise TraceFormatError(f"event {i}: alloc of live address {row['addr']:#x}")
-            live[row["addr"]] = row["size"]
-            live_bytes += row["size"]
-            peak = max(peak, live_bytes)
+            live.alloc(row["addr"], row["size"], f"event on line {line}")
             allocs += 1
         elif row.get("action") == "free":
-            if row["addr"] not in live:
-                raise TraceFormatError(f"event {i}: free of address {row['addr']:#x}, not live")
-            live_bytes -= live.pop(row["addr"])
+            live.free(row["addr"], f"event on line {line}")
             frees += 1
     full_header: dict[str, Any] = {"type": "header", "format": FORMAT, "format_version": 1}
     full_header.update(header or {})
@@ -253,8 +265,8 @@ def write(
         "events": len(rows),
         "allocs": allocs,
         "frees": frees,
-        "peak_live_bytes": peak,
-        "live_at_end_bytes": live_bytes,
+        "peak_live_bytes": live.peak,
+        "live_at_end_bytes": live.live_bytes,
     }
     with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as out:
         out.write(json.dumps(full_header) + "\n")
