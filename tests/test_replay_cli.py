@@ -137,3 +137,11 @@ def test_cli_as_subprocess() -> None:
         check=True,
     )
     assert "accelerator: sim" in out.stdout and "sim:0" in out.stdout
+
+
+def test_replay_uses_header_capacity_on_sim(tmp_path: Path) -> None:
+    path = tmp_path / "cap.jsonl.gz"
+    write(path, [TraceEvent("alloc", 1, 50 * MiB, 0)], {"device_capacity_bytes": 64 * MiB})
+    trace = load(path)
+    assert replay(trace, device="sim").capacity_bytes == 64 * MiB
+    assert replay(trace, device="sim", capacity="1GiB").capacity_bytes == 1 << 30

@@ -116,12 +116,15 @@ class ReplayReport:
         return asdict(self)
 
 
-def _open_device(device: str | Device, capacity: int | str | None) -> tuple[Backend, int]:
+def _open_device(
+    device: str | Device, capacity: int | str | None, header: dict[str, Any]
+) -> tuple[Backend, int]:
     dev = Device(device)
     index = dev.index if dev.index is not None else 0
     if dev.type == "sim":
-        sim = SimBackend(device_count=index + 1, capacity=capacity)
-        return sim, index
+        if capacity is None and "device_capacity_bytes" in header:
+            capacity = int(header["device_capacity_bytes"])
+        return SimBackend(device_count=index + 1, capacity=capacity), index
     if capacity is not None:
         raise ValueError(
             f"capacity applies to the simulated device only; on {dev} cap memory with "
@@ -175,13 +178,7 @@ def replay(
     hands out no memory for them. On a real device all memory is given back at the end.
     """
     settings = AllocatorConfig.coerce(config)
-    if (
-        capacity is None
-        and "device_capacity_bytes" in trace.header
-        and Device(device).type == "sim"
-    ):
-        capacity = int(trace.header["device_capacity_bytes"])
-    backend, index = _open_device(device, capacity)
+    backend, index = _open_device(device, capacity, trace.header)
     allocator = CachingAllocator(backend, index, settings)
     handles: dict[int, int] = {}
     blocks: dict[int, Block] = {}
