@@ -13,21 +13,45 @@ Host memory in copies is a ``memoryview`` (writable for device-to-host copies).
 from __future__ import annotations
 
 import importlib
+import os
 import threading
+import warnings
+from collections.abc import Iterable
 from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._device import DeviceProperties
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "Backend",
     "BackendOutOfMemory",
+    "STORAGE_DTYPE_NAMES",
     "available_backends",
+    "dtypes",
     "get_backend",
     "registered_backends",
+    "visible_devices",
 ]
 
 ENTRY_POINT_GROUP = "accelrt.backends"
+ENV_VISIBLE_DEVICES = "ACCELRT_VISIBLE_DEVICES"
+
+STORAGE_DTYPE_NAMES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+)  # fmt: skip
+"""The numpy dtypes a device that stores bytes of any kind supports (the simulated device)."""
+
+
+def dtypes(names: Iterable[str]) -> frozenset[np.dtype[Any]]:
+    """Return the numpy dtypes of ``names`` (numpy is imported only when this is called)."""
+    import numpy
+
+    return frozenset(numpy.dtype(name) for name in names)
+
 
 _BUILTIN: dict[str, str] = {
     "opencl": "accelrt.backends.opencl:OpenCLBackend",
@@ -62,6 +86,9 @@ class Backend(Protocol):
 
     def get_device_properties(self, index: int) -> DeviceProperties:
         """Return the properties of device ``index``."""
+
+    def supported_dtypes(self, index: int) -> frozenset[np.dtype[Any]]:
+        """Return the numpy dtypes device ``index`` can hold and convert between."""
 
     def supports_virtual_memory(self) -> bool:
         """Return True if the backend can reserve address space and map pages (VMM)."""
@@ -125,6 +152,56 @@ class Backend(Protocol):
 
     def synchronize(self, index: int) -> None:
         """Block until all work on every stream of the device has completed."""
+
+
+def visible_devices(physical_count: int) -> list[int]:
+    """Return the physical device indices a backend exposes, in order, as logical 0, 1, ...
+
+    Parameters
+    ----------
+    physical_count : int
+        How many devices the backend found.
+
+    Returns
+    -------
+    list of int
+        ``range(physical_count)`` when ``ACCELRT_VISIBLE_DEVICES`` is unset; otherwise the
+        comma-separated indices it lists, up to the first entry that is not an integer, is out of
+        range or repeats (that entry and the rest are dropped with a ``RuntimeWarning`` naming
+        it). An empty value hides every device.
+
+    Notes
+    -----
+    Mirrors ``CUDA_VISIBLE_DEVICES``: schedulers such as Ray, Dask or torchrun give each worker
+    its own devices by setting it before the worker starts. Every backend applies it when it
+    first enumerates its devices.
+    """
+    value = os.environ.get(ENV_VISIBLE_DEVICES)
+    if value is None:
+        return list(range(physical_count))
+    chosen: list[int] = []
+    for entry in (e.strip() for e in value.split(",") if e.strip()):
+        problem = None
+        try:
+            index = int(entry)
+        except ValueError:
+            problem = "is not an integer"
+        else:
+            if not 0 <= index < physical_count:
+                problem = f"is out of range [0, {physical_count})"
+            elif index in chosen:
+                problem = "is listed twice"
+        if problem is not None:
+            warnings.warn(
+                f"{ENV_VISIBLE_DEVICES}={value!r}: entry {entry!r} {problem}; it and the "
+                f"entries after it are ignored, so {len(chosen)} device(s) are visible. "
+                f"List comma-separated device indices, e.g. {ENV_VISIBLE_DEVICES}=0,1",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            break
+        chosen.append(index)
+    return chosen
 
 
 _lock = threading.Lock()

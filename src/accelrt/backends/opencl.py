@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from .._device import DeviceProperties
-from ._base import BackendOutOfMemory
+from ._base import BackendOutOfMemory, dtypes, visible_devices
 
 __all__ = ["OpenCLBackend", "OpenCLEvent"]
 
@@ -80,8 +80,9 @@ class OpenCLBackend:
     Notes
     -----
     Devices are ordered GPUs first, then accelerators, then CPUs, each in platform order, so
-    ``opencl:0`` is the best device present. ``is_available`` and ``device_count`` enumerate
-    platforms without creating a context. Thread-safe: one lock guards the lazy per-device state.
+    ``opencl:0`` is the best device present; ``ACCELRT_VISIBLE_DEVICES`` indexes that order.
+    ``is_available`` and ``device_count`` enumerate platforms without creating a context.
+    Thread-safe: one lock guards the lazy per-device state.
     """
 
     name = "opencl"
@@ -106,7 +107,7 @@ class OpenCLBackend:
                 found.sort(key=lambda d: rank.get(d.type & ~cl.device_type.DEFAULT, 2))
             except Exception:  # no ICD loader, no platform, import failure: no devices
                 found = []
-            self._cl_devices = found
+            self._cl_devices = [found[i] for i in visible_devices(len(found))]
         return self._cl_devices
 
     def is_available(self) -> bool:
@@ -145,6 +146,21 @@ class OpenCLBackend:
                 "local_mem_size": int(dev.local_mem_size),
             },
         )
+
+    def supported_dtypes(self, index: int) -> frozenset[Any]:
+        """Return the dtypes device ``index`` supports.
+
+        Integers, bool, float32 and complex64 always (OpenCL requires them); float64 and
+        complex128 where the device reports double precision; float16 with ``cl_khr_fp16``.
+        """
+        dev = self._devices()[index]
+        names = ["bool", "float32", "complex64"]
+        names += [f"{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)]
+        if dev.double_fp_config:
+            names += ["float64", "complex128"]
+        if "cl_khr_fp16" in dev.extensions.split():
+            names.append("float16")
+        return dtypes(names)
 
     def supports_virtual_memory(self) -> bool:
         """False: OpenCL has no API to reserve address space and map pages."""
@@ -216,8 +232,20 @@ class OpenCLBackend:
         return self._dev(index).context
 
     def queue(self, index: int, stream: int) -> Any:
-        """Return the ``pyopencl.CommandQueue`` behind a stream handle (for native interop)."""
-        return self._dev(index).queues[stream]
+        """Return the ``pyopencl.CommandQueue`` behind a stream handle (for native interop).
+
+        Raises
+        ------
+        ValueError
+            If ``stream`` is not a live stream of device ``index``.
+        """
+        queue = self._dev(index).queues.get(stream)
+        if queue is None:
+            raise ValueError(
+                f"opencl:{index} has no stream with handle {stream:#x}: it was destroyed or "
+                "belongs to another device"
+            )
+        return queue
 
     def stream_destroy(self, index: int, stream: int) -> None:
         """Finish and drop the queue."""
@@ -242,7 +270,7 @@ class OpenCLBackend:
     def stream_synchronize(self, index: int, stream: int) -> None:
         """``clFinish`` on the queue."""
         state = self._dev(index)
-        state.queues[stream].finish()
+        self.queue(index, stream).finish()
         state.last[stream] = None
         self._prune_keepalive(state)
 

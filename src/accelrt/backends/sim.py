@@ -10,7 +10,9 @@ Memory is host-backed lazily: the first copy into or view of an allocation creat
 bytes, so an 80 GiB replay uses no host memory while a small test can round-trip data.
 
 Configuration (read when the backend is created): ``ACCELRT_SIM_DEVICES`` (device count,
-default 2) and ``ACCELRT_SIM_CAPACITY`` (bytes per device, e.g. ``"80GiB"``, the default).
+default 2), ``ACCELRT_SIM_CAPACITY`` (bytes per device, e.g. ``"80GiB"``, the default) and
+``ACCELRT_VISIBLE_DEVICES``. A device keeps the addresses of its physical index when visibility
+renumbers it, so workers given different devices never share an address.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from .._device import DeviceProperties
 from .._units import parse_bytes
-from ._base import BackendOutOfMemory
+from ._base import STORAGE_DTYPE_NAMES, BackendOutOfMemory, dtypes, visible_devices
 
 __all__ = ["SimBackend", "SimEvent"]
 
@@ -45,9 +47,10 @@ class SimEvent:
 
 
 class _SimDevice:
-    __slots__ = ("backing", "bases", "capacity", "held", "next_address", "sizes")
+    __slots__ = ("backing", "bases", "capacity", "held", "next_address", "physical_index", "sizes")
 
     def __init__(self, index: int, capacity: int) -> None:
+        self.physical_index = index
         self.capacity = capacity
         self.held = 0
         self.next_address = BASE_ADDRESS + index * DEVICE_STRIDE
@@ -62,7 +65,8 @@ class SimBackend:
     Parameters
     ----------
     device_count : int, optional
-        Number of devices; default ``ACCELRT_SIM_DEVICES`` or 2.
+        Number of physical devices; default ``ACCELRT_SIM_DEVICES`` or 2. Of these,
+        ``ACCELRT_VISIBLE_DEVICES`` chooses the visible ones.
     capacity : int or str, optional
         Bytes per device; default ``ACCELRT_SIM_CAPACITY`` or 80 GiB.
 
@@ -88,7 +92,7 @@ class SimBackend:
         if capacity is None:
             capacity = os.environ.get("ACCELRT_SIM_CAPACITY", DEFAULT_CAPACITY)
         self.capacity = parse_bytes(capacity, name="sim capacity")
-        self._devices = [_SimDevice(i, self.capacity) for i in range(device_count)]
+        self._devices = [_SimDevice(i, self.capacity) for i in visible_devices(device_count)]
         self._next_stream = 1
 
     # discovery
@@ -97,7 +101,7 @@ class SimBackend:
         return True
 
     def device_count(self) -> int:
-        """Return the configured number of simulated devices."""
+        """Return the number of visible simulated devices."""
         return len(self._devices)
 
     def get_device_properties(self, index: int) -> DeviceProperties:
@@ -113,8 +117,15 @@ class SimBackend:
             max_allocation_bytes=dev.capacity,
             driver_version="sim",
             host_accessible=True,
-            raw={"base_address": BASE_ADDRESS + index * DEVICE_STRIDE},
+            raw={
+                "physical_index": dev.physical_index,
+                "base_address": BASE_ADDRESS + dev.physical_index * DEVICE_STRIDE,
+            },
         )
+
+    def supported_dtypes(self, index: int) -> frozenset[Any]:
+        """Every fixed-size numpy dtype: the simulated device holds bytes of any kind."""
+        return dtypes(STORAGE_DTYPE_NAMES)
 
     def supports_virtual_memory(self) -> bool:
         """True: the simulated device can reserve and map address ranges."""
