@@ -18,6 +18,7 @@ from ._accelerator import current_accelerator as current_accelerator
 from ._accelerator import current_device_index as current_device_index
 from ._accelerator import device_count as device_count
 from ._accelerator import device_index as device_index
+from ._accelerator import get_device_capability as get_device_capability
 from ._accelerator import get_device_name as get_device_name
 from ._accelerator import get_device_properties as get_device_properties
 from ._accelerator import is_available as is_available
@@ -71,6 +72,7 @@ __all__ = [
     "empty",
     "empty_cache",
     "format_bytes",
+    "get_device_capability",
     "get_device_name",
     "get_device_properties",
     "get_memory_info",

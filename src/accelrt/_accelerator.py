@@ -8,15 +8,18 @@ Mirrors ``torch.accelerator`` (``is_available``, ``current_accelerator``, ``devi
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 from . import _runtime
 from ._device import Device, DeviceLike, DeviceProperties
+from .backends._base import Backend
 
 __all__ = [
     "current_accelerator",
     "current_device_index",
     "device_count",
     "device_index",
+    "get_device_capability",
     "get_device_name",
     "get_device_properties",
     "is_available",
@@ -123,13 +126,13 @@ class device_index:
 
     def __init__(self, device: DeviceLike) -> None:
         self._device = device
-        self._previous: int | None = None
+        self._previous: tuple[Backend, int] | None = None
 
     def __enter__(self) -> None:
         if self._device is None:
             return
         backend, index = _runtime.resolve_device(self._device, optional=False)
-        self._previous = _runtime.current_index(backend)
+        self._previous = (backend, _runtime.current_index(backend))
         _runtime.set_current_index(backend, index)
 
     def __exit__(
@@ -139,7 +142,8 @@ class device_index:
         tb: TracebackType | None,
     ) -> None:
         if self._previous is not None:
-            _runtime.set_current_index(_runtime.require_accelerator(), self._previous)
+            _runtime.set_current_index(*self._previous)
+            self._previous = None
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -155,9 +159,11 @@ def synchronize(device: DeviceLike = None) -> None:
 def get_device_properties(device: DeviceLike = None) -> DeviceProperties:
     """Return the properties of ``device`` (the current device if None).
 
-    Raises as ``set_device_index``. Mirrors ``torch.cuda.get_device_properties``.
+    Reading properties does not initialise the accelerator (see ``accelrt`` notes on lazy
+    initialisation). Raises as ``set_device_index``. Mirrors
+    ``torch.cuda.get_device_properties``.
     """
-    backend, index = _runtime.resolve_device(device)
+    backend, index = _runtime.resolve_device(device, init=False)
     return backend.get_device_properties(index)
 
 
@@ -167,3 +173,28 @@ def get_device_name(device: DeviceLike = None) -> str:
     Raises as ``set_device_index``. Mirrors ``torch.cuda.get_device_name``.
     """
     return get_device_properties(device).name
+
+
+def get_device_capability(device: DeviceLike = None) -> dict[str, Any]:
+    """Return what ``device`` (the current device if None) can do.
+
+    Returns
+    -------
+    dict
+        ``{"supported_dtypes": set of numpy.dtype}``: the dtypes whose arrays the device can
+        hold and convert between, as far as the backend can tell (OpenCL: float64 only with
+        double precision, float16 only with ``cl_khr_fp16``; the simulated device: every
+        fixed-size numeric dtype and bool).
+
+    Raises
+    ------
+    RuntimeError, TypeError, ValueError
+        As ``set_device_index``.
+
+    Notes
+    -----
+    Does not initialise the accelerator. Mirrors ``torch.accelerator.get_device_capability``,
+    with numpy dtypes where PyTorch has ``torch.dtype``.
+    """
+    backend, index = _runtime.resolve_device(device, init=False)
+    return {"supported_dtypes": set(backend.supported_dtypes(index))}

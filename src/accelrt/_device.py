@@ -7,7 +7,9 @@ Mirrors ``torch.device``: ``Device("opencl:0")``, ``Device("sim", 1)``, ``Device
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeAlias
 
 __all__ = ["Device", "DeviceLike", "DeviceProperties"]
@@ -137,8 +139,8 @@ class DeviceProperties:
         The driver's version string.
     host_accessible : bool
         Whether device pointers are host addresses (``Buffer.numpy()`` works).
-    raw : dict
-        The backend's own attributes, unconverted.
+    raw : Mapping
+        The backend's own attributes, unconverted (a read-only view).
 
     Notes
     -----
@@ -154,7 +156,10 @@ class DeviceProperties:
     max_allocation_bytes: int
     driver_version: str
     host_accessible: bool
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "raw", MappingProxyType(dict(self.raw)))
 
 
 DeviceLike: TypeAlias = "int | str | Device | None"

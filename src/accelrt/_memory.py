@@ -200,7 +200,7 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
 
 def _existing_allocator(device: DeviceLike) -> CachingAllocator | None:
     """The device's allocator if it exists; never creates one (nor initialises a driver)."""
-    backend, index = _runtime.resolve_device(device)
+    backend, index = _runtime.resolve_device(device, init=False)
     return _runtime.peek_allocator(backend, index)
 
 

@@ -7,6 +7,12 @@ is per thread. One ``CachingAllocator`` per (backend, device), created on first 
 
 Every device argument of the top-level API goes through :func:`resolve_device`, the one
 normaliser (mirrors ``torch.accelerator._utils._get_device_index``).
+
+Lazy initialisation and fork safety (mirrors ``torch.cuda``'s): choosing the accelerator and
+counting devices initialise nothing; the first call that uses a device (a stream, an
+allocation, a synchronisation) marks the accelerator initialised. A child forked after that
+cannot use the accelerator (its driver state is not valid in the child, whatever the backend)
+and gets a ``RuntimeError`` that tells it to use the 'spawn' start method.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ __all__ = [
     "accelerator",
     "allocator_config",
     "device_count",
+    "check_not_forked",
     "get_allocator",
+    "is_initialized",
     "peek_allocator",
     "resolve_device",
     "set_allocator_config",
@@ -42,6 +50,38 @@ _chosen: list[Backend | None] = []  # empty until chosen; [None] when there is n
 _allocators: dict[tuple[str, int], CachingAllocator] = {}
 _config: list[AllocatorConfig] = []
 _local = threading.local()
+_initialised: dict[str, int] = {}  # backend name -> pid of the process that initialised it
+_inherited: dict[str, int] = {}  # in a forked child: what the parent had initialised
+
+
+def _after_fork_in_child() -> None:
+    _inherited.update(_initialised)
+    _initialised.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_not_forked(backend: Backend) -> None:
+    """Refuse to use ``backend`` in a child forked after the parent initialised it.
+
+    Raises
+    ------
+    RuntimeError
+        Telling the user to start workers with the 'spawn' start method.
+    """
+    if backend.name in _inherited:
+        raise RuntimeError(
+            f"Cannot use accelrt's {backend.name!r} accelerator in a forked subprocess: the "
+            f"parent process (pid {_inherited[backend.name]}) initialised it before forking. "
+            "To use accelrt with multiprocessing, use the 'spawn' start method "
+            "(multiprocessing.get_context('spawn') or multiprocessing.set_start_method('spawn'))."
+        )
+
+
+def is_initialized(backend: Backend) -> bool:
+    """Whether this process has used a device of ``backend`` (see the module notes)."""
+    return backend.name in _initialised
 
 
 def use(name: str) -> Backend:
@@ -160,7 +200,9 @@ def check_index(backend: Backend, index: int) -> int:
     return index
 
 
-def resolve_device(device: DeviceLike, *, optional: bool = True) -> tuple[Backend, int]:
+def resolve_device(
+    device: DeviceLike, *, optional: bool = True, init: bool = True
+) -> tuple[Backend, int]:
     """Normalise a device argument into (accelerator backend, checked device index).
 
     Parameters
@@ -170,6 +212,9 @@ def resolve_device(device: DeviceLike, *, optional: bool = True) -> tuple[Backen
         None for the current device.
     optional : bool
         Whether None (and a ``Device`` without an index) may stand for the current device.
+    init : bool
+        Whether the caller is about to use the device, which marks the accelerator initialised
+        (False for queries such as ``memory_stats`` and ``get_device_properties``).
 
     Returns
     -------
@@ -178,7 +223,7 @@ def resolve_device(device: DeviceLike, *, optional: bool = True) -> tuple[Backen
     Raises
     ------
     RuntimeError
-        If there is no accelerator.
+        If there is no accelerator, or this is a child forked after the parent initialised it.
     TypeError
         If ``device`` is of another type.
     ValueError
@@ -191,6 +236,10 @@ def resolve_device(device: DeviceLike, *, optional: bool = True) -> tuple[Backen
             f"got {type(device).__name__} {device!r}"
         )
     backend = require_accelerator()
+    if backend.name not in _initialised:
+        check_not_forked(backend)
+        if init:
+            _initialised[backend.name] = os.getpid()
     if isinstance(device, int):
         return backend, check_index(backend, device)
     if isinstance(device, str):
@@ -268,4 +317,5 @@ def reset_state() -> None:
         _allocators.clear()
         _chosen.clear()
         _config.clear()
+        _initialised.clear()
         _local.__dict__.clear()

@@ -64,6 +64,44 @@ class Stream:
         self._owned = True
 
     @classmethod
+    def from_handle(cls, handle: int, device: DeviceLike = None) -> Stream:
+        """Rebuild a ``Stream`` from its backend handle and device.
+
+        Parameters
+        ----------
+        handle : int
+            A stream's ``handle`` (0 is the device's default stream).
+        device : int, str, Device or None
+            The stream's device; None for the current device.
+
+        Returns
+        -------
+        Stream
+            A stream equal to (and hashing as) the one the handle came from. It does not own
+            the handle: the original keeps the backend stream alive.
+
+        Raises
+        ------
+        TypeError
+            If ``handle`` is not an int.
+        ValueError
+            If ``handle`` is negative, or for a bad device argument. A handle that was never a
+            stream of that device fails when the stream is first used.
+
+        Notes
+        -----
+        Mirrors ``torch.Stream(stream_id=..., device_index=..., device_type=...)`` and
+        ``cuda.core``'s ``Stream.from_handle``; handles pass between processes' threads and
+        libraries as plain ints.
+        """
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise TypeError(f"stream handle must be an int, got {handle!r}")
+        if handle < 0:
+            raise ValueError(f"stream handle must be >= 0, got {handle}")
+        backend, index = _runtime.resolve_device(device)
+        return cls._wrap(backend, index, handle)
+
+    @classmethod
     def _wrap(cls, backend: Backend, index: int, handle: int, priority: int = 0) -> Stream:
         stream = cls.__new__(cls)
         stream._backend = backend
@@ -313,6 +351,8 @@ def set_stream(stream: Stream) -> None:
         If ``stream`` is not a ``Stream``.
     ValueError
         If the stream belongs to a backend that is not the current accelerator.
+    RuntimeError
+        In a child forked after the parent initialised the accelerator.
 
     Notes
     -----
@@ -320,6 +360,7 @@ def set_stream(stream: Stream) -> None:
     """
     if not isinstance(stream, Stream):
         raise TypeError(f"set_stream() takes a Stream, got {type(stream).__name__}")
+    _runtime.check_not_forked(stream._backend)
     if stream._backend is not _runtime.require_accelerator():
         raise ValueError(
             f"stream {stream!r} is not on the current accelerator "
