@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
-# PoCL sizes its device from this (GB); pin it before anything imports pyopencl.
+# PoCL sizes its device from this (GB), and POCL_DEVICES gives it two CPU devices, so that
+# the multi-device tests run on OpenCL too; pin both before anything imports pyopencl.
 os.environ.setdefault("POCL_MEMORY_LIMIT", "2")
+os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 os.environ.pop("ACCELRT_ALLOC_CONF", None)
 os.environ.pop("ACCELRT_BACKEND", None)
 
