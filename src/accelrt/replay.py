@@ -9,6 +9,7 @@ a real device (``opencl:0``) every segment is really allocated.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ __all__ = ["OomRecord", "ReplayReport", "replay"]
 
 ProgressCallback = Callable[[int, int], None]
 _PROGRESS_EVERY = 4096
+UNLIMITED_CAPACITY = 1 << 50
+"""Simulated capacity for a recording that shows no limit (1 PiB: it never runs out)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,14 @@ class ReplayReport:
         Time spent replaying.
     events_per_second : float
         ``events / wall_seconds``.
+    recorded_peak_reserved_bytes : int or None
+        For a PyTorch snapshot: the peak reserved bytes PyTorch's allocator recorded.
+    recorded_num_device_alloc : int or None
+        For a PyTorch snapshot: its ``segment_alloc``/``segment_map`` entries.
+    peak_reserved_difference : float or None
+        ``peak_reserved_bytes / recorded_peak_reserved_bytes - 1`` (0.0: identical).
+    notes : list of str
+        What makes this replay differ from the recording, where accelrt knows.
     """
 
     trace: str
@@ -110,6 +121,10 @@ class ReplayReport:
     wall_seconds: float
     events_per_second: float
     ooms: list[OomRecord] = field(default_factory=list)
+    recorded_peak_reserved_bytes: int | None = None
+    recorded_num_device_alloc: int | None = None
+    peak_reserved_difference: float | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as plain JSON-serialisable data."""
@@ -117,14 +132,21 @@ class ReplayReport:
 
 
 def _open_device(
-    device: str | Device, capacity: int | str | None, header: dict[str, Any]
+    device: str | Device, capacity: int | str | None, trace: Trace
 ) -> tuple[Backend, int]:
     dev = Device(device)
     index = dev.index if dev.index is not None else 0
     if dev.type == "sim":
-        if capacity is None and "device_capacity_bytes" in header:
-            capacity = int(header["device_capacity_bytes"])
-        return SimBackend(device_count=index + 1, capacity=capacity), index
+        recording = trace.recording
+        if capacity is None and "device_capacity_bytes" in trace.header:
+            capacity = int(trace.header["device_capacity_bytes"])
+        if capacity is None and recording is not None:
+            capacity = recording.capacity_bytes or UNLIMITED_CAPACITY
+        sim = SimBackend(device_count=index + 1, capacity=capacity)
+        if recording is not None:
+            starts = ((s.address, s.size) for s in recording.start_segments)
+            sim.plan_addresses(index, [*starts, *recording.segment_addresses])
+        return sim, index
     if capacity is not None:
         raise ValueError(
             f"capacity applies to the simulated device only; on {dev} cap memory with "
@@ -177,29 +199,55 @@ def replay(
     (their frees are skipped). Zero-byte allocations are skipped, as PyTorch's allocator
     hands out no memory for them. On a real device all memory is given back at the end.
     """
-    settings = AllocatorConfig.coerce(config)
-    backend, index = _open_device(device, capacity, trace.header)
-    allocator = CachingAllocator(backend, index, settings)
+    recording = trace.recording
+    if config is None and recording is not None:
+        settings = recording.settings
+    else:
+        settings = AllocatorConfig.coerce(config)
+    backend, index = _open_device(device, capacity, trace)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        allocator = CachingAllocator(backend, index, settings)
+    notes = [str(w.message) for w in caught]
+    if recording is not None and settings.expandable_segments:
+        notes = [
+            "PyTorch ran this recording with expandable segments (ALLOCATOR.md section 7), "
+            "which accelrt does not implement yet: this replay used normal segments, which "
+            "split, cache and release memory differently, so its peak reserved differs"
+        ]
     handles: dict[int, int] = {}
+
+    def handle_of(stream: int) -> int:
+        handle = handles.get(stream)
+        if handle is None:
+            handle = handles[stream] = 0 if stream == 0 else backend.stream_create(index, 0)
+        return handle
+
     blocks: dict[int, Block] = {}
     ooms: list[OomRecord] = []
     events = trace.events
     total = len(events)
     malloc = allocator.malloc
     free = allocator.free
-    start = time.perf_counter()
     try:
+        if recording is not None:
+            for segment in recording.start_segments:
+                restored = allocator.restore_segment(
+                    segment.size,
+                    handle_of(segment.stream),
+                    [(b.size, b.requested_size) for b in segment.blocks],
+                )
+                blocks.update((b.address, b) for b in restored)
+            allocator.reset_accumulated_memory_stats()  # count what the trace itself does
+        start = time.perf_counter()
         for i, (action, addr, size, stream) in enumerate(events):
             if progress is not None and i % _PROGRESS_EVERY == 0:
                 progress(i, total)
             if action == "alloc":
                 if size == 0:
                     continue
-                handle = handles.get(stream)
-                if handle is None:
-                    handle = handles[stream] = 0 if stream == 0 else backend.stream_create(index, 0)
                 try:
-                    blocks[addr] = malloc(size, handle)
+                    blocks[addr] = malloc(size, handle_of(stream))
                 except OutOfMemoryError:
                     ooms.append(OomRecord(i, size, stream, allocator.reserved_bytes))
             elif action == "free":
@@ -221,6 +269,13 @@ def replay(
                 backend.stream_destroy(index, handle)
     peak_requested = stats["requested_bytes.all.peak"]
     peak_reserved = stats["reserved_bytes.all.peak"]
+    recorded_peak = recording.peak_reserved_bytes if recording is not None else None
+    if recording is not None and recording.inconsistent_events:
+        notes.append(
+            f"{recording.inconsistent_events} events of the recording could not be placed when "
+            "rewinding from its end state (its ring buffer lost their context), so the start "
+            "state is approximate"
+        )
     return ReplayReport(
         trace=trace.name,
         device=f"{backend.name}:{index}",
@@ -240,4 +295,8 @@ def replay(
         wall_seconds=wall,
         events_per_second=total / wall if wall > 0 else 0.0,
         ooms=ooms,
+        recorded_peak_reserved_bytes=recorded_peak,
+        recorded_num_device_alloc=recording.num_device_alloc if recording is not None else None,
+        peak_reserved_difference=(peak_reserved / recorded_peak - 1.0 if recorded_peak else None),
+        notes=notes,
     )

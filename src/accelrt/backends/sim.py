@@ -20,6 +20,8 @@ from __future__ import annotations
 import bisect
 import os
 import time
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from .._device import DeviceProperties
@@ -47,7 +49,16 @@ class SimEvent:
 
 
 class _SimDevice:
-    __slots__ = ("backing", "bases", "capacity", "held", "next_address", "physical_index", "sizes")
+    __slots__ = (
+        "backing",
+        "bases",
+        "capacity",
+        "held",
+        "next_address",
+        "physical_index",
+        "planned",
+        "sizes",
+    )
 
     def __init__(self, index: int, capacity: int) -> None:
         self.physical_index = index
@@ -57,6 +68,15 @@ class _SimDevice:
         self.bases: list[int] = []  # sorted live allocation addresses
         self.sizes: dict[int, int] = {}
         self.backing: dict[int, bytearray] = {}
+        self.planned: dict[int, deque[int]] = {}  # size -> addresses to hand out first
+
+    def overlap_end(self, ptr: int, nbytes: int) -> int | None:
+        """The end of the highest live allocation overlapping ``[ptr, ptr + nbytes)``, or None."""
+        pos = bisect.bisect_right(self.bases, ptr + nbytes - 1) - 1
+        if pos < 0:
+            return None
+        end = self.bases[pos] + max(self.sizes[self.bases[pos]], 1)
+        return end if end > ptr else None
 
 
 class SimBackend:
@@ -132,15 +152,53 @@ class SimBackend:
         return True
 
     # memory
+    def plan_addresses(self, index: int, allocations: Iterable[tuple[int, int]]) -> None:
+        """Hand out recorded addresses: the next ``malloc`` of each size takes the next of its
+        planned addresses, in order, where that range is free (else the bump pointer's).
+
+        Parameters
+        ----------
+        index : int
+            The device.
+        allocations : iterable of (address, nbytes)
+            E.g. the ``segment_alloc`` entries of a PyTorch recording, in order.
+
+        Notes
+        -----
+        For exact replays of recordings (ALLOCATOR.md section 13): equal-size free blocks are
+        chosen by lowest address, so a replay that wants PyTorch's choices needs its addresses.
+        """
+        planned = self._devices[index].planned
+        for address, nbytes in allocations:
+            planned.setdefault(nbytes, deque()).append(address)
+
+    def _next_planned(self, dev: _SimDevice, nbytes: int) -> int | None:
+        queue = dev.planned.get(nbytes)
+        while queue:
+            ptr = queue.popleft()
+            if dev.overlap_end(ptr, nbytes) is None:
+                return ptr
+        return None
+
     def malloc(self, index: int, nbytes: int) -> int:
-        """Hand out the next 2 MiB-aligned address; ``BackendOutOfMemory`` past capacity."""
+        """Hand out a planned address, else the next free 2 MiB-aligned one; never reused.
+
+        Raises ``BackendOutOfMemory`` when the bytes held would exceed the capacity.
+        """
         dev = self._devices[index]
         if dev.held + nbytes > dev.capacity:
             raise BackendOutOfMemory(
                 f"sim:{index} has {dev.capacity - dev.held} bytes free, {nbytes} requested"
             )
-        ptr = dev.next_address
-        dev.next_address += -(-max(nbytes, 1) // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
+        ptr = self._next_planned(dev, nbytes) if dev.planned else None
+        if ptr is None:
+            span = -(-max(nbytes, 1) // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
+            end = dev.overlap_end(dev.next_address, span)
+            while end is not None:  # skip planned allocations in the way
+                dev.next_address = -(-end // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
+                end = dev.overlap_end(dev.next_address, span)
+            ptr = dev.next_address
+            dev.next_address += span
         dev.held += nbytes
         bisect.insort(dev.bases, ptr)
         dev.sizes[ptr] = nbytes

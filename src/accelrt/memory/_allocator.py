@@ -14,6 +14,7 @@ import operator
 import threading
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import OutOfMemoryError
@@ -304,6 +305,78 @@ class CachingAllocator:
         if block.size >= self._max_split:
             stats.oversize_allocations.increase(1)
         return block
+
+    def restore_segment(
+        self, size: int, stream: int, blocks: Sequence[tuple[int, int]]
+    ) -> list[Block]:
+        """Recreate a segment as a recording had it: for replays that start mid-run.
+
+        Parameters
+        ----------
+        size : int
+            Segment bytes; 2 MiB makes a small-pool segment, anything else a large-pool one
+            (PyTorch's segment sizes never overlap).
+        stream : int
+            The stream handle that owns the segment and all its blocks.
+        blocks : sequence of (block_bytes, requested_bytes)
+            The segment's blocks in address order; ``requested_bytes`` 0 marks a free block.
+
+        Returns
+        -------
+        list of Block
+            The allocated blocks, in address order, to be freed later like any others.
+
+        Raises
+        ------
+        ValueError
+            If the block sizes are not positive multiples of 512 summing to ``size``, or two
+            free blocks are adjacent (the allocator would have merged them); nothing changes.
+
+        Notes
+        -----
+        The segment is obtained with ``backend.malloc`` (a simulated device can be told which
+        address to return, see ``SimBackend.plan_addresses``) and counts in the statistics as
+        a device allocation. ALLOCATOR.md section 13.
+        """
+        sizes = [b for b, _ in blocks]
+        if any(b <= 0 or b % K_MIN_BLOCK_SIZE for b in sizes) or sum(sizes) != size:
+            raise ValueError(
+                f"blocks {sizes} must be positive multiples of {K_MIN_BLOCK_SIZE} bytes summing "
+                f"to the segment's {size} bytes"
+            )
+        if any(blocks[i][1] == 0 == blocks[i + 1][1] for i in range(len(blocks) - 1)):
+            raise ValueError("two free blocks are adjacent: the allocator would have merged them")
+        with self._lock:
+            pool = self._small if size == K_SMALL_BUFFER else self._large
+            first = self._alloc_segment(pool, size, stream, is_retry=False)
+            if first is None:
+                raise self._out_of_memory(size, size)
+            segment, stats, is_small = first.segment, self.stats, pool.is_small
+            chain: list[Block] = []
+            address = segment.address
+            for block_bytes, requested in blocks:
+                block = Block(address, block_bytes, stream, pool, segment)
+                if chain:
+                    block.prev, chain[-1].next = chain[-1], block
+                chain.append(block)
+                address += block_bytes
+                if requested:
+                    block.allocated, block.requested_size = True, requested
+                    self._active[block.address] = block
+                    stats.allocation.increase(is_small, 1)
+                    stats.allocated_bytes.increase(is_small, block_bytes)
+                    stats.active.increase(is_small, 1)
+                    stats.active_bytes.increase(is_small, block_bytes)
+                    stats.requested_bytes.increase(is_small, requested)
+                    if block_bytes >= self._max_split:
+                        stats.oversize_allocations.increase(1)
+            for block in chain:
+                if not block.allocated:
+                    pool.insert(block)
+                    if block.is_split():
+                        stats.inactive_split.increase(is_small, 1)
+                        stats.inactive_split_bytes.increase(is_small, block.size)
+            return [block for block in chain if block.allocated]
 
     # ------------------------------------------------------------------ free
     def free(self, block: Block) -> None:

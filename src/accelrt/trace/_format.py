@@ -7,10 +7,22 @@ import io
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import IO, Any, NamedTuple
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Trace", "TraceEvent", "TraceFormatError", "load", "write"]
+if TYPE_CHECKING:
+    from ._snapshot import Recording
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "Trace",
+    "TraceEvent",
+    "TraceFormatError",
+    "load",
+    "load_jsonl",
+    "write",
+]
 
 FORMAT = "alloc-trace-jsonl"
 FORMAT_VERSION = 1
@@ -60,6 +72,10 @@ class Trace:
         How many host-tagged events were dropped.
     peak_live_bytes : int
         The peak of live requested bytes over ``events``.
+    live_at_end_bytes : int
+        Live requested bytes after the last event.
+    recording : Recording or None
+        For a PyTorch snapshot: the start state and what PyTorch's allocator did.
     """
 
     header: dict[str, Any]
@@ -68,7 +84,8 @@ class Trace:
     include_host: bool = False
     skipped_host_events: int = 0
     peak_live_bytes: int = 0
-    live_at_end_bytes: int = field(default=0)
+    live_at_end_bytes: int = 0
+    recording: Recording | None = None
 
     @property
     def name(self) -> str:
@@ -128,8 +145,8 @@ class _LiveSet:
         return entry
 
 
-def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
-    """Read and validate a trace file.
+def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
+    """Read and validate a JSONL trace file.
 
     Parameters
     ----------
@@ -207,6 +224,45 @@ def load(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
         peak_live_bytes=live.peak,
         live_at_end_bytes=live.live_bytes,
     )
+
+
+def load(
+    path: str | os.PathLike[str], *, include_host: bool = False, device_index: int | None = None
+) -> Trace:
+    """Read a trace: accelrt's JSONL format or a PyTorch memory snapshot pickle.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A ``.jsonl.gz``/``.jsonl`` trace, or a pickle from ``torch.cuda.memory._dump_snapshot``
+        (told apart by content, not name).
+    include_host : bool
+        JSONL only: keep events tagged ``"host": 1``.
+    device_index : int, optional
+        Snapshots only: the device to take (default: the only one with events).
+
+    Returns
+    -------
+    Trace
+        For a snapshot, ``trace.recording`` has the start state and PyTorch's figures.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    TraceFormatError
+        For a malformed trace, or a pickle that names any code (refused unread: nothing runs).
+    """
+    with open(path, "rb") as f:
+        magic = f.read(1)
+    if magic == b"\x80":  # pickle protocol 2 and later
+        from ._snapshot import read_snapshot, trace_from_snapshot
+
+        name = os.fspath(path)
+        return trace_from_snapshot(read_snapshot(name), device=device_index, path=name)
+    if device_index is not None:
+        raise TraceFormatError(f"{os.fspath(path)}: device_index applies to snapshots only")
+    return load_jsonl(path, include_host=include_host)
 
 
 def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
