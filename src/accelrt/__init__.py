@@ -42,6 +42,10 @@ from ._memory import reset_accumulated_memory_stats as reset_accumulated_memory_
 from ._memory import reset_peak_memory_stats as reset_peak_memory_stats
 from ._memory import set_allocator_settings as set_allocator_settings
 from ._memory import set_per_process_memory_fraction as set_per_process_memory_fraction
+from ._snapshots import dump_snapshot as dump_snapshot
+from ._snapshots import memory_snapshot as memory_snapshot
+from ._snapshots import memory_summary as memory_summary
+from ._snapshots import record_memory_history as record_memory_history
 from ._stream import Event as Event
 from ._stream import Stream as Stream
 from ._stream import current_stream as current_stream
@@ -69,6 +73,7 @@ __all__ = [
     "current_stream",
     "device_count",
     "device_index",
+    "dump_snapshot",
     "empty",
     "empty_cache",
     "format_bytes",
@@ -81,8 +86,11 @@ __all__ = [
     "max_memory_reserved",
     "memory_allocated",
     "memory_reserved",
+    "memory_snapshot",
     "memory_stats",
+    "memory_summary",
     "parse_bytes",
+    "record_memory_history",
     "record_stream",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",

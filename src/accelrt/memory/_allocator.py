@@ -22,6 +22,17 @@ from .._units import format_bytes
 from ..backends._base import Backend, BackendOutOfMemory
 from ._block import Block, BlockPool, Segment
 from ._config import AllocatorConfig
+from ._history import (
+    BlockInfo,
+    ContextMode,
+    EnabledMode,
+    History,
+    RawFrames,
+    SegmentInfo,
+    TraceEntry,
+    capture_frames,
+    frames_to_dicts,
+)
 from ._stats import DeviceStats
 
 __all__ = [
@@ -126,6 +137,7 @@ class CachingAllocator:
         self._max_split = _UNLIMITED
         self.stats = DeviceStats(max_split_size=-1)
         self._warned_expandable = False
+        self._history: History | None = None
         self.set_config(config if config is not None else AllocatorConfig())
 
     # ------------------------------------------------------------------ settings
@@ -210,12 +222,20 @@ class CachingAllocator:
                 self._process_events()
             size = round_size(nbytes, self.config)
             pool = self._small if size <= K_SMALL_SIZE else self._large
+            history = self._history
+            frames = capture_frames() if history is not None and history.stack_allocs else None
             block = self._get_free_block(pool, size, stream)
             if block is None:
-                block = self._malloc_slow(pool, size, nbytes, stream)
-            return self._alloc_found_block(block, size, nbytes, pool)
+                block = self._malloc_slow(pool, size, nbytes, stream, frames)
+            block = self._alloc_found_block(block, size, nbytes, pool)
+            if history is not None:
+                block.frames = frames
+                history.record("alloc", block.address, nbytes, stream, frames)
+            return block
 
-    def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
+    def _malloc_slow(
+        self, pool: BlockPool, size: int, nbytes: int, stream: int, frames: RawFrames | None
+    ) -> Block:
         alloc_size = segment_size(size)
         if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
             self._garbage_collect()
@@ -226,7 +246,8 @@ class CachingAllocator:
             self._release_cached_blocks()
             block = self._alloc_segment(pool, alloc_size, stream, is_retry=True)
         if block is None:
-            raise self._out_of_memory(nbytes, alloc_size)
+            raise self._out_of_memory(nbytes, alloc_size, stream, frames)
+        block.segment.frames = frames
         return block
 
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
@@ -263,6 +284,8 @@ class CachingAllocator:
         if alloc_size >= self._max_split:
             stats.oversize_segments.increase(1)
         stats.num_device_alloc += 1
+        if self._history is not None:
+            self._history.record("segment_alloc", ptr, alloc_size, stream)
         return Block(ptr, alloc_size, stream, pool, segment)
 
     def _should_split(self, block: Block, size: int) -> bool:
@@ -350,7 +373,7 @@ class CachingAllocator:
             pool = self._small if size == K_SMALL_BUFFER else self._large
             first = self._alloc_segment(pool, size, stream, is_retry=False)
             if first is None:
-                raise self._out_of_memory(size, size)
+                raise self._out_of_memory(size, size, stream)
             segment, stats, is_small = first.segment, self.stats, pool.is_small
             chain: list[Block] = []
             address = segment.address
@@ -397,6 +420,12 @@ class CachingAllocator:
             stats = self.stats
             is_small = block.pool.is_small
             block.allocated = False
+            history = self._history
+            if history is not None:
+                frames = capture_frames() if history.stack_frees else None
+                history.record(
+                    "free_requested", block.address, block.requested_size, block.stream, frames
+                )
             stats.allocation.decrease(is_small, 1)
             stats.allocated_bytes.decrease(is_small, block.size)
             if block.size >= self._max_split:
@@ -471,6 +500,9 @@ class CachingAllocator:
         requested = block.requested_size
         split_blocks_change = 0
         split_bytes_change = 0
+        if self._history is not None:
+            self._history.record("free_completed", block.address, requested, block.stream)
+        block.frames = None
         del self._active[block.address]
         for candidate in (block.prev, block.next):
             subsumed = self._try_merge(block, candidate, pool)
@@ -531,6 +563,8 @@ class CachingAllocator:
         stats = self.stats
         pool = block.pool
         self.backend.free(self.device_index, block.address)
+        if self._history is not None:
+            self._history.record("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
         del self._segments[block.address]
         self._reserved -= block.size
@@ -582,10 +616,14 @@ class CachingAllocator:
                     count -= 1
                     self._release_block(block)
 
-    def _out_of_memory(self, nbytes: int, alloc_size: int) -> OutOfMemoryError:
+    def _out_of_memory(
+        self, nbytes: int, alloc_size: int, stream: int, frames: RawFrames | None = None
+    ) -> OutOfMemoryError:
         stats = self.stats
         stats.num_ooms += 1
         free, total = self.backend.mem_get_info(self.device_index)
+        if self._history is not None:
+            self._history.record("oom", 0, alloc_size, stream, frames, device_free=free)
         allocated = stats.allocated_bytes.all.current
         reserved = stats.reserved_bytes.all.current
         allowed = ""
@@ -613,6 +651,58 @@ class CachingAllocator:
             free_bytes=free,
             total_bytes=total,
         )
+
+    # ------------------------------------------------------------------ history, snapshots
+    def record_history(
+        self, enabled: EnabledMode | None, context: ContextMode | None, max_entries: int
+    ) -> None:
+        """Start (or, with ``enabled=None``, stop and forget) recording history.
+
+        See ``accelrt.record_memory_history`` for the modes. Starting again starts an empty
+        ring buffer.
+        """
+        with self._lock:
+            self._history = None if enabled is None else History(enabled, context, max_entries)
+
+    def snapshot(self) -> tuple[list[SegmentInfo], list[TraceEntry]]:
+        """Return the segments (with blocks) and the history entries, in PyTorch's schema."""
+        with self._lock:
+            segments = []
+            for segment, blocks in self.segments():
+                infos = [
+                    BlockInfo(
+                        address=b.address,
+                        size=b.size,
+                        requested_size=b.requested_size if b.allocated or b.event_count else 0,
+                        state=(
+                            "active_allocated"
+                            if b.allocated
+                            else "active_pending_free"
+                            if b.event_count
+                            else "inactive"
+                        ),
+                        frames=frames_to_dicts(b.frames),
+                    )
+                    for b in blocks
+                ]
+                segments.append(
+                    SegmentInfo(
+                        device=self.device_index,
+                        address=segment.address,
+                        total_size=segment.size,
+                        allocated_size=sum(b.size for b in blocks if b.allocated),
+                        active_size=sum(b.size for b in blocks if b.allocated or b.event_count),
+                        requested_size=sum(i["requested_size"] for i in infos),
+                        stream=segment.stream,
+                        segment_type="small" if segment.is_small else "large",
+                        segment_pool_id=(0, 0),
+                        is_expandable=False,
+                        frames=frames_to_dicts(segment.frames),
+                        blocks=infos,
+                    )
+                )
+            entries = self._history.to_entries() if self._history is not None else []
+            return segments, entries
 
     # ------------------------------------------------------------------ statistics
     def memory_stats(self) -> dict[str, int]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterator
 
+from ._history import RawFrames
+
 __all__ = ["KEY_SHIFT", "Block", "BlockPool", "Segment"]
 
 KEY_SHIFT = 64
@@ -20,13 +22,14 @@ _ADDRESS_MASK = (1 << KEY_SHIFT) - 1
 class Segment:
     """One raw device allocation, owned by the stream whose request created it."""
 
-    __slots__ = ("address", "is_small", "size", "stream")
+    __slots__ = ("address", "frames", "is_small", "size", "stream")
 
     def __init__(self, address: int, size: int, stream: int, is_small: bool) -> None:
         self.address = address
         self.size = size
         self.stream = stream
         self.is_small = is_small
+        self.frames: RawFrames | None = None  # the stack that created it, when recorded
 
 
 class Block:
@@ -36,6 +39,7 @@ class Block:
         "address",
         "allocated",
         "event_count",
+        "frames",
         "gc_count_base",
         "next",
         "pool",
@@ -62,6 +66,7 @@ class Block:
         self.prev: Block | None = None
         self.next: Block | None = None
         self.gc_count_base = 0
+        self.frames: RawFrames | None = None  # the stack that allocated it, when recorded
 
     def is_split(self) -> bool:
         """True if the block shares its segment with other blocks."""

@@ -1,0 +1,108 @@
+"""``memory_summary``'s table: PyTorch's layout and unit choices over ``memory_stats()`` keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+__all__ = ["format_summary"]
+
+_WIDTH = 75
+_SIZE_PREFIXES = ("B  ", "KiB", "MiB", "GiB", "TiB", "PiB")
+_COUNT_PREFIXES = (" ", "K", "M")
+
+_POOLED_ROWS: tuple[tuple[str, str, bool], ...] = (
+    ("allocated_bytes", "Allocated memory", True),
+    ("active_bytes", "Active memory", True),
+    ("requested_bytes", "Requested memory", True),
+    ("reserved_bytes", "Reserved memory", True),
+    ("inactive_split_bytes", "Non-releasable memory", True),
+    ("allocation", "Allocations", False),
+    ("active", "Active allocs", False),
+    ("segment", "Reserved segments", False),
+    ("inactive_split", "Non-releasable allocs", False),
+)
+_SINGLE_ROWS = (
+    ("oversize_allocations", "Oversize allocations"),
+    ("oversize_segments", "Oversize segments"),
+)
+_METRICS = ("current", "peak", "allocated", "freed")
+_POOLS = (("all", ""), ("large_pool", "      from large pool"), ("small_pool", "      from small pool"))
+_HEADER = "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "
+
+
+def _format_size(value: int, preferred: float) -> str:
+    """Bytes in the unit ``preferred`` (the row's "all" value) calls for: KiB from 768 KiB."""
+    prefix = _SIZE_PREFIXES[0]
+    for next_prefix in _SIZE_PREFIXES[1:]:
+        if preferred < 768 * 1024:
+            break
+        prefix, value, preferred = next_prefix, value // 1024, preferred / 1024
+    return f"{value:6d} {prefix}"
+
+
+def _format_count(value: int, preferred: float) -> str:
+    """A count in thousands (K) from 750,000 and millions (M) above, as the row's "all" value."""
+    prefix = _COUNT_PREFIXES[0]
+    for next_prefix in _COUNT_PREFIXES[1:]:
+        if preferred < 750 * 1000:
+            break
+        prefix, value, preferred = next_prefix, value // 1000, preferred / 1000
+    return f"{value:7d} {prefix} "
+
+
+def _row(name: str, values: list[int], units: list[int], fmt: Callable[[int, float], str]) -> str:
+    cells = " | ".join(fmt(v, u) for v, u in zip(values, units, strict=True))
+    return f" {name:<21} | {cells} "
+
+
+def format_summary(stats: Mapping[str, int], device: str, *, abbreviated: bool = False) -> str:
+    """Format ``memory_stats()`` keys as PyTorch's ``memory_summary`` table.
+
+    Parameters
+    ----------
+    stats : mapping
+        ``memory_stats()`` output (every key present; an empty mapping counts as all zero).
+    device : str
+        The device's name for the title, e.g. ``"opencl:0"``.
+    abbreviated : bool
+        Leave out the large-pool and small-pool sub-rows.
+
+    Returns
+    -------
+    str
+        The table, 75 characters wide between its borders, ending in a newline. Each column is
+        current, peak, total allocated and total freed; a row's unit is chosen from its "all"
+        value (B below 768 KiB, then KiB, MiB...; counts in K from 750,000), exactly as
+        ``torch.cuda.memory_summary`` does.
+    """
+
+    def get(key: str) -> int:
+        return int(stats.get(key, 0))
+
+    title = f"accelrt memory summary, device {device}"
+    counters = (
+        f"OOMs: {get('num_ooms')}",
+        f"device malloc retries: {get('num_alloc_retries')}",
+    )
+    lines = ["=" * _WIDTH, f"{title:^{_WIDTH}}", "-" * _WIDTH]
+    lines.append(f"{counters[0]:^37}|{counters[1]:^37}")
+    lines += [
+        "=" * _WIDTH,
+        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ",
+    ]
+    pools = [("all", "")] if abbreviated else [
+        ("all", ""), ("large_pool", "      from large pool"), ("small_pool", "      from small pool")
+    ]  # fmt: skip
+    for key, name, is_size in _POOLED_ROWS:
+        fmt = _format_size if is_size else _format_count
+        lines.append("-" * _WIDTH)
+        units = [get(f"{key}.all.{m}") for m in _METRICS]
+        for pool, label in pools:
+            values = [get(f"{key}.{pool}.{m}") for m in _METRICS]
+            lines.append(_row(label or name, values, units, fmt))
+    for key, name in _SINGLE_ROWS:
+        lines.append("-" * _WIDTH)
+        values = [get(f"{key}.{m}") for m in _METRICS]
+        lines.append(_row(name, values, values, _format_count))
+    lines.append("=" * _WIDTH)
+    return "".join(f"|{line}|\n" for line in lines)
