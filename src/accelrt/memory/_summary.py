@@ -26,7 +26,11 @@ _SINGLE_ROWS = (
     ("oversize_segments", "Oversize segments"),
 )
 _METRICS = ("current", "peak", "allocated", "freed")
-_POOLS = (("all", ""), ("large_pool", "      from large pool"), ("small_pool", "      from small pool"))
+_POOLS = (
+    ("all", ""),
+    ("large_pool", "      from large pool"),
+    ("small_pool", "      from small pool"),
+)
 _HEADER = "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "
 
 
@@ -86,13 +90,8 @@ def format_summary(stats: Mapping[str, int], device: str, *, abbreviated: bool =
     )
     lines = ["=" * _WIDTH, f"{title:^{_WIDTH}}", "-" * _WIDTH]
     lines.append(f"{counters[0]:^37}|{counters[1]:^37}")
-    lines += [
-        "=" * _WIDTH,
-        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ",
-    ]
-    pools = [("all", "")] if abbreviated else [
-        ("all", ""), ("large_pool", "      from large pool"), ("small_pool", "      from small pool")
-    ]  # fmt: skip
+    lines += ["=" * _WIDTH, _HEADER]
+    pools = _POOLS[:1] if abbreviated else _POOLS
     for key, name, is_size in _POOLED_ROWS:
         fmt = _format_size if is_size else _format_count
         lines.append("-" * _WIDTH)
