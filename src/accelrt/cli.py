@@ -1,4 +1,4 @@
-"""The ``accelrt`` command: ``accelrt info`` and ``accelrt replay``."""
+"""The ``accelrt`` command: ``info``, ``replay`` and ``snapshot summary|segments|view``."""
 
 from __future__ import annotations
 
@@ -95,9 +95,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from .replay import ReplayReport, replay
     from .trace import load
 
-    trace = load(args.trace, include_host=args.include_host)
-    device = args.device or _default_device()
-    configs = args.config or [""]
+    trace = load(args.trace, include_host=args.include_host, device_index=args.device_index)
+    # a PyTorch recording replays on the simulated device with its recorded settings
+    device = args.device or ("sim" if trace.recording is not None else _default_device())
+    configs: list[str | None] = list(args.config or [None if trace.recording else ""])
     reports: list[ReplayReport] = []
     show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
     for config in configs:
@@ -121,12 +122,26 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 )
         else:
             reports.append(replay(trace, device=device, capacity=args.capacity, config=config))
+    _write_pictures(args, trace, configs[0])
     if args.json:
         out = [r.to_dict() for r in reports]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return 0
     _print_reports(trace.name, trace.skipped_host_events, reports)
     return 0
+
+
+def _write_pictures(args: argparse.Namespace, trace: Any, config: str | None) -> None:
+    if not (getattr(args, "html", None) or getattr(args, "png", None)):
+        return
+    from .view import render_html, render_png, view_of_trace
+
+    view = view_of_trace(trace, config=config)
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(render_html(view))
+    if args.png:
+        render_png(view, args.png)
 
 
 def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None:
@@ -138,8 +153,15 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
     view = (
         "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
     )
+    from .replay import UNLIMITED_CAPACITY
+
+    capacity = (
+        "unlimited"
+        if first.capacity_bytes >= UNLIMITED_CAPACITY
+        else format_bytes(first.capacity_bytes)
+    )
     console.print(
-        f"[bold]{name}[/bold] on {first.device} ({format_bytes(first.capacity_bytes)}): "
+        f"[bold]{name}[/bold] on {first.device} ({capacity}): "
         f"{first.events} events ({view}); trace peak live {first.trace_peak_live_bytes} bytes "
         f"({format_bytes(first.trace_peak_live_bytes)})"
     )
@@ -176,6 +198,16 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
             )
         if len(r.ooms) > 5:
             console.print(f"  ... and {len(r.ooms) - 5} more OOMs")
+        if r.recorded_peak_reserved_bytes is not None:
+            console.print(
+                f"  PyTorch recorded: peak reserved {r.recorded_peak_reserved_bytes} bytes "
+                f"({format_bytes(r.recorded_peak_reserved_bytes)}), "
+                f"{r.recorded_num_device_alloc} device mallocs; accelrt: "
+                f"{r.peak_reserved_bytes} bytes, {r.num_device_alloc} device mallocs; "
+                f"difference {r.peak_reserved_difference:+.3%}"
+            )
+        for note in r.notes:
+            console.print(f"  note: {note}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(func=_cmd_info)
     rep = sub.add_parser("replay", help="replay an allocation trace through the caching allocator")
-    rep.add_argument("trace", help="an accelrt trace (.jsonl.gz)")
+    rep.add_argument("trace", help="an accelrt trace (.jsonl.gz) or a PyTorch snapshot pickle")
     rep.add_argument(
         "--device",
         help="'sim' (simulated), or a real device such as 'opencl:0' (default: the accelerator's "
@@ -207,8 +239,71 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--json", action="store_true", help="print the report as JSON")
     rep.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    rep.add_argument(
+        "--device-index",
+        type=int,
+        help="snapshots: the recorded device to replay (default: the only one with events)",
+    )
+    rep.add_argument("--html", help="also write the memory picture as a self-contained HTML file")
+    rep.add_argument("--png", help="also write active memory over time as a PNG (matplotlib)")
     rep.set_defaults(func=_cmd_replay)
+
+    snap = sub.add_parser("snapshot", help="look into a memory snapshot pickle (PyTorch's or ours)")
+    snap_sub = snap.add_subparsers(dest="snapshot_command", required=True)
+    for name, func, text in (
+        ("summary", _cmd_snapshot_summary, "the memory_summary table of the recorded run"),
+        ("segments", _cmd_snapshot_segments, "a text map of the segments at the end"),
+        ("view", _cmd_snapshot_view, "write the memory picture (HTML, and PNG with --png)"),
+    ):
+        cmd = snap_sub.add_parser(name, help=text)
+        cmd.add_argument("file", help="a snapshot pickle (read as plain data; nothing in it runs)")
+        cmd.add_argument("--device-index", type=int, help="the recorded device (default: 0)")
+        if name == "view":
+            cmd.add_argument("-o", "--output", required=True, help="the HTML file to write")
+            cmd.add_argument("--png", help="also write a PNG (matplotlib)")
+        cmd.set_defaults(func=func)
     return parser
+
+
+def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
+    from .memory._summary import format_summary
+    from .replay import replay
+    from .trace._snapshot import read_snapshot, trace_from_snapshot
+
+    snapshot = read_snapshot(args.file)
+    trace = trace_from_snapshot(snapshot, device=args.device_index, path=args.file)
+    report = replay(trace)
+    device = trace.recording.device if trace.recording is not None else 0
+    name = f"{trace.name} (recorded device {device})"
+    print(format_summary(report.memory_stats, name), end="")
+    print(
+        "Figures from replaying the recorded history from its rewound start state; PyTorch "
+        f"recorded a peak reserved of {report.recorded_peak_reserved_bytes} bytes "
+        f"(replay: {report.peak_reserved_bytes})."
+    )
+    return 0
+
+
+def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
+    from .trace._snapshot import read_snapshot
+    from .view import segment_text
+
+    snapshot = read_snapshot(args.file)
+    device = args.device_index or 0
+    print(segment_text([s for s in snapshot["segments"] if s.get("device", 0) == device]))
+    return 0
+
+
+def _cmd_snapshot_view(args: argparse.Namespace) -> int:
+    from .view import render_html, render_png, view_of_snapshot
+
+    view = view_of_snapshot(args.file, device_index=args.device_index)
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(render_html(view))
+    if args.png:
+        render_png(view, args.png)
+    print(f"wrote {args.output}" + (f" and {args.png}" if args.png else ""))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from .backends.sim import SimBackend
 from .memory._allocator import CachingAllocator
 from .memory._block import Block
 from .memory._config import AllocatorConfig
+from .memory._history import SegmentInfo
 from .trace._format import Trace
 
 __all__ = ["OomRecord", "ReplayReport", "replay"]
@@ -101,6 +102,11 @@ class ReplayReport:
         ``peak_reserved_bytes / recorded_peak_reserved_bytes - 1`` (0.0: identical).
     notes : list of str
         What makes this replay differ from the recording, where accelrt knows.
+    memory_stats : dict
+        The allocator's ``memory_stats()`` after the last event (left out of ``to_dict``).
+    segment_maps : dict of int to list of SegmentInfo
+        The allocator's segments (snapshot schema) after each event index asked for with
+        ``capture_at`` (for pictures; left out of ``to_dict``).
     """
 
     trace: str
@@ -125,10 +131,14 @@ class ReplayReport:
     recorded_num_device_alloc: int | None = None
     peak_reserved_difference: float | None = None
     notes: list[str] = field(default_factory=list)
+    memory_stats: dict[str, int] = field(default_factory=dict, repr=False)
+    segment_maps: dict[int, list[SegmentInfo]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the report as plain JSON-serialisable data."""
-        return asdict(self)
+        """Return the report as plain JSON-serialisable data (without ``segment_maps``)."""
+        data = asdict(self)
+        del data["segment_maps"], data["memory_stats"]
+        return data
 
 
 def _open_device(
@@ -166,6 +176,7 @@ def replay(
     capacity: int | str | None = None,
     config: AllocatorConfig | str | None = None,
     progress: ProgressCallback | None = None,
+    capture_at: Collection[int] = (),
 ) -> ReplayReport:
     """Run every event of ``trace`` through a fresh ``CachingAllocator``.
 
@@ -183,6 +194,9 @@ def replay(
         environment is not read, so replays are reproducible).
     progress : callable, optional
         Called as ``progress(done, total)`` every few thousand events and at the end.
+    capture_at : collection of int
+        Event indices after which to keep the allocator's segment map (``-1``: before the
+        first event) in ``report.segment_maps``.
 
     Returns
     -------
@@ -239,6 +253,10 @@ def replay(
                 )
                 blocks.update((b.address, b) for b in restored)
             allocator.reset_accumulated_memory_stats()  # count what the trace itself does
+        captures = frozenset(capture_at)
+        segment_maps: dict[int, list[SegmentInfo]] = {}
+        if -1 in captures:
+            segment_maps[-1] = allocator.snapshot()[0]
         start = time.perf_counter()
         for i, (action, addr, size, stream) in enumerate(events):
             if progress is not None and i % _PROGRESS_EVERY == 0:
@@ -256,6 +274,8 @@ def replay(
                     free(block)
             else:
                 allocator.empty_cache()
+            if i in captures:
+                segment_maps[i] = allocator.snapshot()[0]
         wall = time.perf_counter() - start
         if progress is not None:
             progress(total, total)
@@ -299,4 +319,6 @@ def replay(
         recorded_num_device_alloc=recording.num_device_alloc if recording is not None else None,
         peak_reserved_difference=(peak_reserved / recorded_peak - 1.0 if recorded_peak else None),
         notes=notes,
+        memory_stats=stats,
+        segment_maps=segment_maps,
     )
