@@ -1,0 +1,166 @@
+"""History, snapshots, dump_snapshot (read by PyTorch's own viewer code) and memory_summary."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+import accelrt as acc
+from accelrt.memory._summary import format_summary
+from accelrt.trace import TraceFormatError
+from accelrt.trace._snapshot import read_snapshot
+
+MiB = 1 << 20
+
+
+def _actions(entries: list[dict[str, object]]) -> list[tuple[object, ...]]:
+    return [(e["action"], e.get("size")) for e in entries]
+
+
+def test_history_records_every_allocator_action(device: str) -> None:
+    acc.record_memory_history(max_entries=100)
+    a = acc.empty(100)
+    b = acc.empty(3 * MiB)
+    a.free()
+    b.free()
+    acc.empty_cache()
+    entries = acc.memory_snapshot()["device_traces"][0]
+    assert _actions(entries) == [  # type: ignore[arg-type]
+        ("segment_alloc", 2 * MiB),
+        ("alloc", 100),
+        ("segment_alloc", 20 * MiB),
+        ("alloc", 3 * MiB),
+        ("free_requested", 100),
+        ("free_completed", 100),
+        ("free_requested", 3 * MiB),
+        ("free_completed", 3 * MiB),
+        ("segment_free", 20 * MiB),
+        ("segment_free", 2 * MiB),
+    ]
+    assert entries[1]["addr"] == entries[0]["addr"]  # the block starts its segment
+    assert all(e["stream"] == 0 and e["time_us"] > 0 for e in entries)
+    here = entries[1]["frames"][0]
+    assert here["name"] == "test_history_records_every_allocator_action"
+    assert here["filename"] == __file__
+    assert entries[5]["frames"] == []  # completions carry no stack
+
+
+def test_history_modes_and_ring_buffer(sim: str) -> None:
+    acc.record_memory_history(context="alloc", max_entries=3)
+    for _ in range(3):
+        acc.empty(10).free()
+    entries = acc.memory_snapshot()["device_traces"][0]
+    assert [e["action"] for e in entries] == ["alloc", "free_requested", "free_completed"]
+    assert entries[0]["frames"] and entries[1]["frames"] == []  # 'alloc': no stacks on frees
+    acc.record_memory_history(enabled="state", context=None)
+    kept = acc.empty(10)
+    assert acc.memory_snapshot()["device_traces"][0] == []  # "state" keeps no trace
+    block = acc.memory_snapshot()["segments"][0]["blocks"][0]
+    assert block["state"] == "active_allocated" and block["frames"] == []
+    acc.record_memory_history(enabled=None)
+    kept.free()
+    assert acc.memory_snapshot()["device_traces"][0] == []
+    for bad, match in (
+        ({"enabled": "yes"}, "enabled must be 'all', 'state' or None, got 'yes'"),
+        ({"context": "x"}, "context must be 'all', 'alloc', 'state' or None"),
+        ({"stacks": "cpp"}, "stacks must be 'python' or 'all'"),
+        ({"max_entries": 0}, "max_entries must be an int >= 1, got 0"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            acc.record_memory_history(**bad)  # type: ignore[arg-type]
+
+
+def test_snapshot_segments_and_block_states(sim: str) -> None:
+    acc.record_memory_history()
+    a = acc.empty(100)
+    b = acc.empty(1000)
+    other = acc.Stream()
+    acc.record_stream(b, other)
+    b.free()  # pending: waits for an event on ``other``
+    snapshot = acc.memory_snapshot()
+    assert snapshot["accelrt_schema_version"] == 1
+    assert snapshot["allocator_settings"]["max_split_size"] == -1
+    assert len(snapshot["device_traces"]) == 2 and snapshot["device_traces"][1] == []
+    (segment,) = snapshot["segments"]
+    assert segment["device"] == 0 and segment["total_size"] == 2 * MiB
+    assert segment["segment_type"] == "small" and segment["is_expandable"] is False
+    states = [(blk["size"], blk["requested_size"], blk["state"]) for blk in segment["blocks"]]
+    assert states == [
+        (512, 100, "active_allocated"),
+        (1024, 1000, "active_pending_free"),
+        (2 * MiB - 1536, 0, "inactive"),
+    ]
+    assert segment["allocated_size"] == 512 and segment["active_size"] == 1536
+    assert segment["requested_size"] == 1100
+    a.free()
+
+
+def test_dump_snapshot_opens_in_pytorchs_viewer(sim: str, tmp_path: Path) -> None:
+    viz = pytest.importorskip("torch.cuda._memory_viz")
+    acc.record_memory_history()
+    small = acc.empty(100)
+    big = acc.empty(30 * MiB)
+    acc.empty(3 * MiB).free()
+    path = tmp_path / "snap.pickle"
+    acc.dump_snapshot(path)
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    assert read_snapshot(path) == snapshot  # plain data: our restricted reader takes it too
+    summary = viz.segsum(snapshot)
+    assert "segments: 3" in summary and "total_reserved: 52.0MiB" in summary
+    trace = viz.trace(snapshot)
+    assert "b = a[0:100.0B]" in trace and "cudaMalloc" in trace
+    for plot in (viz.trace_plot(snapshot), viz.segment_plot(snapshot)):
+        assert plot.startswith("<!DOCTYPE html>") or "<html" in plot
+    small.free()
+    big.free()
+
+
+def test_memory_summary_matches_pytorchs_table(sim: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = pytest.importorskip("torch.cuda.memory")
+    buffers = [acc.empty(n) for n in (100, 3 * MiB, 900 * 1024, 40 * MiB)]
+    buffers[1].free()
+    stats = acc.memory_stats()
+    monkeypatch.setattr(memory, "memory_stats", lambda device=None: stats)
+    for abbreviated in (False, True):
+        theirs = memory.memory_summary(0, abbreviated=abbreviated).splitlines()
+        ours = acc.memory_summary(abbreviated=abbreviated).splitlines()
+        assert "accelrt memory summary, device sim:0" in ours[1]
+        assert len(ours) == len(theirs)
+        renamed = {"GPU reserved memory": "Reserved memory", "GPU reserved segments": "Reserved"
+                   " segments", "Oversize GPU segments": "Oversize segments"}  # fmt: skip
+        for mine, reference in zip(ours[5:], theirs[5:], strict=True):
+            for old, new in renamed.items():
+                reference = reference.replace(old, new.ljust(len(old)))
+            assert mine == reference
+    assert "|  40960 KiB |" in acc.memory_summary()  # unit chosen from the row's value
+    for b in buffers[:1] + buffers[2:]:
+        b.free()
+
+
+def test_memory_summary_before_first_use(sim: str) -> None:
+    text = acc.memory_summary()
+    assert text.count("\n") == 47 and "|      0 B   |" in text
+    assert format_summary({}, "x", abbreviated=True).count("\n") == 29
+
+
+def test_restricted_unpickler_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (Path.touch, (str(marker),))
+
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [Evil()]}))
+    with pytest.raises(TraceFormatError, match=r"refused: the pickle names global 'pathlib"):
+        acc.trace.load(path)
+    assert not marker.exists()
+    path.write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(TraceFormatError, match="not a PyTorch memory snapshot"):
+        read_snapshot(path)
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    with pytest.raises(TraceFormatError, match="has no allocation history"):
+        acc.trace.load(path)

@@ -1,0 +1,204 @@
+"""PyTorch snapshot pickles as traces: exact replay from a rewound start, CLI, pictures."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import accelrt as acc
+from accelrt import cli
+from accelrt.replay import replay
+from accelrt.trace import load
+from accelrt.view import render_html, segment_text, view_of_snapshot
+
+MiB = 1 << 20
+
+
+def _record_mid_run(path: Path) -> dict[str, object]:
+    """A run whose recording starts mid-way: blocks and cached segments exist before it."""
+    acc.backends.use("sim")
+    early = [acc.empty(n) for n in (5 * MiB, 700, 25 * MiB, 3 * MiB)]
+    early[1].free()  # a cached free block inside a split segment
+    cached = acc.empty(40 * MiB)
+    cached.free()  # a whole cached segment
+    acc.record_memory_history()
+    side = acc.Stream()
+    late = [acc.empty(n) for n in (2 * MiB, 600, 7 * MiB)]
+    early[0].free()  # frees of blocks allocated before recording
+    early[2].free()
+    late.append(acc.empty(12 * MiB, stream=side))
+    late[0].free()
+    acc.empty_cache()  # the program releases its cache
+    late.append(acc.empty(30 * MiB))
+    late[1].free()
+    acc.dump_snapshot(path)
+    with open(path, "rb") as f:
+        snapshot: dict[str, object] = pickle.load(f)
+    return snapshot
+
+
+def test_snapshot_replays_exactly_from_its_rewound_start(tmp_path: Path) -> None:
+    path = tmp_path / "run.pickle"
+    snapshot = _record_mid_run(path)
+    recorded_peak = acc.max_memory_reserved()
+    trace = load(path)
+    recording = trace.recording
+    assert recording is not None
+    assert [e.action for e in trace.events].count("empty_cache") == 1
+    assert recording.reserved_at_start_bytes == 2 * MiB + 20 * MiB + 26 * MiB + 40 * MiB
+    assert recording.peak_reserved_bytes == recorded_peak
+    assert recording.inconsistent_events == 0
+    start_live = sorted(
+        (b.address, b.requested_size) for s in recording.start_segments for b in s.blocks
+        if b.requested_size
+    )  # fmt: skip
+    assert [size for _, size in start_live] == [5 * MiB, 3 * MiB, 25 * MiB]
+    report = replay(trace, capture_at=[len(trace.events) - 1])
+    assert report.peak_reserved_bytes == report.recorded_peak_reserved_bytes == recorded_peak
+    assert report.peak_reserved_difference == 0.0
+    assert report.num_device_alloc == report.recorded_num_device_alloc == 2
+    assert report.notes == []
+    end = report.segment_maps[len(trace.events) - 1]
+    layout = [(s["address"], [(b["size"], b["state"]) for b in s["blocks"]]) for s in end]
+    expected = [
+        (s["address"], [(b["size"], b["state"]) for b in s["blocks"]])
+        for s in sorted(snapshot["segments"], key=lambda s: s["address"])  # type: ignore
+    ]
+    assert layout == expected  # every segment and block where PyTorch-format history put it
+
+
+def _pytorch_style_snapshot() -> dict[str, object]:
+    """A tiny hand-made snapshot in PyTorch's own shape: CUDA stream pointers, C++ frames,
+    PyTorch's settings keys, and an OOM entry that gives the device's capacity."""
+    stream = 94_000_000_000_000
+    frames = [{"name": "c10::cuda::malloc", "filename": "??", "line": 0},
+              {"name": "forward", "filename": "model.py", "line": 7}]  # fmt: skip
+    base = 0x7F3A00000000
+    return {
+        "segments": [
+            {"device": 0, "address": base, "total_size": 20 * MiB, "allocated_size": 4 * MiB,
+             "active_size": 4 * MiB, "requested_size": 4 * MiB, "stream": stream,
+             "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+             "frames": frames,
+             "blocks": [
+                 {"address": base, "size": 4 * MiB, "requested_size": 4 * MiB,
+                  "state": "active_allocated", "frames": frames},
+                 {"address": base + 4 * MiB, "size": 16 * MiB, "requested_size": 0,
+                  "state": "inactive", "frames": []},
+             ]},
+        ],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": base, "size": 20 * MiB, "stream": stream,
+             "time_us": 1, "frames": frames},
+            {"action": "alloc", "addr": base, "size": 4 * MiB, "stream": stream, "time_us": 2,
+             "frames": frames},
+            {"action": "alloc", "addr": base + 4 * MiB, "size": 2 * MiB, "stream": stream,
+             "time_us": 3, "frames": frames},
+            {"action": "oom", "device_free": 10 * MiB, "size": 40 * MiB, "stream": stream,
+             "time_us": 4, "frames": frames},
+            {"action": "free_requested", "addr": base + 4 * MiB, "size": 2 * MiB,
+             "stream": stream, "time_us": 5, "frames": []},
+            {"action": "free_completed", "addr": base + 4 * MiB, "size": 2 * MiB,
+             "stream": stream, "time_us": 5, "frames": []},
+        ]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                               "garbage_collection_threshold": 0.0, "expandable_segments": False,
+                               "roundup_power2_divisions": {"1": 0, "2": 0}},
+    }  # fmt: skip
+
+
+def test_pytorch_style_snapshot(tmp_path: Path) -> None:
+    path = tmp_path / "torch.pickle"
+    path.write_bytes(pickle.dumps(_pytorch_style_snapshot()))
+    trace = load(path)
+    assert trace.recording is not None
+    assert trace.recording.capacity_bytes == 30 * MiB  # 20 MiB reserved + 10 MiB free at OOM
+    assert trace.recording.start_segments == ()  # started empty
+    assert [e.action for e in trace.events] == ["alloc", "alloc", "free"]
+    report = replay(trace)
+    assert report.capacity_bytes == 30 * MiB
+    assert report.peak_reserved_bytes == report.recorded_peak_reserved_bytes == 20 * MiB
+    text = segment_text(_pytorch_style_snapshot()["segments"])  # type: ignore[arg-type]
+    assert text.splitlines()[0].endswith("[" + "a" * 9 + "6" + " " * 38 + "]")
+    assert text.splitlines()[-1] == (
+        "segments: 1, reserved 20.00 MiB, allocated 4.00 MiB, free 16.00 MiB"
+    )
+
+
+def test_cli_replay_and_snapshot_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run.pickle"
+    _record_mid_run(path)
+    peak = acc.max_memory_reserved()
+    assert cli.main(["replay", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["recorded_peak_reserved_bytes"] == report["peak_reserved_bytes"] == peak
+    assert report["device"] == "sim:0" and report["peak_reserved_difference"] == 0.0
+    assert cli.main(["replay", str(path), "--no-progress"]) == 0
+    assert f"PyTorch recorded: peak reserved {peak} bytes" in capsys.readouterr().out
+    assert cli.main(["snapshot", "summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| Reserved memory       |" in out and f"peak reserved of {peak} bytes" in out
+    assert cli.main(["snapshot", "segments", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("segments: 4, reserved")
+    html, png = tmp_path / "v.html", tmp_path / "v.png"
+    assert cli.main(["snapshot", "view", str(path), "-o", str(html), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<script src" not in html.read_text() and "http" not in html.read_text().split(
+        "<script>"
+    )[1].replace("http://www.w3.org/2000/svg", "")
+    evil = tmp_path / "evil.pickle"
+    evil.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "x": Path("/")}))
+    assert cli.main(["snapshot", "view", str(evil), "-o", str(html)]) == 2
+    assert "refused: the pickle names global 'pathlib" in capsys.readouterr().err
+
+
+def test_view_stacks_allocations(tmp_path: Path) -> None:
+    path = tmp_path / "run.pickle"
+    _record_mid_run(path)
+    view = view_of_snapshot(path, top=3)
+    assert view.events == 9  # 5 allocs + 4 frees (two of blocks from before recording)
+    assert [a["size"] for a in view.allocations] == [30 * MiB, 25 * MiB, 12 * MiB]
+    first = view.allocations[1]  # the 25 MiB block, live from before recording
+    assert first["start"] == 0 and first["points"][0] == [0, 0]
+    assert view.peak_bytes == max(b for _, b in view.total)
+    assert view.moments[-1]["event"] == 9
+    page = render_html(view)
+    assert page.count("<script>") == 1 and '"allocations":[' in page
+
+
+_CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_CHROMIUM is None, reason="headless Chromium not installed (apt chromium)")
+def test_html_page_in_headless_chromium(tmp_path: Path) -> None:
+    path = tmp_path / "run.pickle"
+    _record_mid_run(path)
+    view = view_of_snapshot(path, top=4)
+    page = tmp_path / "view.html"
+    page.write_text(render_html(view))
+    args = [_CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000"]
+    dom = subprocess.run(
+        [*args, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert 'data-ready="1"' in dom.stdout, dom.stderr[-2000:]
+    assert 'data-drawn="4"' in dom.stdout  # the 4 largest allocations, one polygon each
+    assert dom.stdout.count('class="alloc"') == 4
+    assert dom.stdout.count('class="block"') == sum(len(s[2]) for s in view.moments[-1]["segments"])
+    console_errors = [
+        line for line in dom.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()
+    ]
+    assert console_errors == []
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*args, f"--screenshot={shot}", "--window-size=1200,900", page.as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert shot.read_bytes()[:4] == b"\x89PNG"
