@@ -34,24 +34,28 @@ _POOLS = (
 _HEADER = "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "
 
 
-def _format_size(value: int, preferred: float) -> str:
-    """Bytes in the unit ``preferred`` (the row's "all" value) calls for: KiB from 768 KiB."""
-    prefix = _SIZE_PREFIXES[0]
-    for next_prefix in _SIZE_PREFIXES[1:]:
-        if preferred < 768 * 1024:
+def _scaled(
+    value: int, preferred: float, prefixes: tuple[str, ...], base: int, threshold: int
+) -> tuple[int, str]:
+    """Divide by ``base`` while ``preferred`` (the row's "all" value) is >= ``threshold``."""
+    prefix = prefixes[0]
+    for next_prefix in prefixes[1:]:
+        if preferred < threshold:
             break
-        prefix, value, preferred = next_prefix, value // 1024, preferred / 1024
-    return f"{value:6d} {prefix}"
+        prefix, value, preferred = next_prefix, value // base, preferred / base
+    return value, prefix
+
+
+def _format_size(value: int, preferred: float) -> str:
+    """Bytes in B, then KiB, MiB... from 768 of the smaller unit (as PyTorch)."""
+    scaled, prefix = _scaled(value, preferred, _SIZE_PREFIXES, 1024, 768 * 1024)
+    return f"{scaled:6d} {prefix}"
 
 
 def _format_count(value: int, preferred: float) -> str:
-    """A count in thousands (K) from 750,000 and millions (M) above, as the row's "all" value."""
-    prefix = _COUNT_PREFIXES[0]
-    for next_prefix in _COUNT_PREFIXES[1:]:
-        if preferred < 750 * 1000:
-            break
-        prefix, value, preferred = next_prefix, value // 1000, preferred / 1000
-    return f"{value:7d} {prefix} "
+    """A count, then K and M from 750 of the smaller unit (as PyTorch)."""
+    scaled, prefix = _scaled(value, preferred, _COUNT_PREFIXES, 1000, 750 * 1000)
+    return f"{scaled:7d} {prefix} "
 
 
 def _row(name: str, values: list[int], units: list[int], fmt: Callable[[int, float], str]) -> str:
