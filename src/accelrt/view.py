@@ -91,7 +91,7 @@ def _timeline(entries: list[dict[str, Any]], top: int) -> tuple[int, list[Any], 
     t = 0
     for e in entries:
         action = e.get("action")
-        if action == "alloc":
+        if action in ("alloc", "live"):  # "live": live when recording began
             rec = {
                 "addr": e["addr"],
                 "size": e["size"],
@@ -102,7 +102,7 @@ def _timeline(entries: list[dict[str, Any]], top: int) -> tuple[int, list[Any], 
             }
             live[e["addr"]] = rec
             records.append(rec)
-            t += 1
+            t += action == "alloc"
         elif action in ("free_requested", "free"):
             found = live.pop(e["addr"], None)
             if found is not None:
@@ -183,6 +183,7 @@ def view_of_trace(
     top: int = DEFAULT_TOP,
     moments: int = DEFAULT_MOMENTS,
     config: str | None = None,
+    entries: list[dict[str, Any]] | None = None,
 ) -> View:
     """Replay ``trace`` on the simulated device and build its picture.
 
@@ -198,6 +199,9 @@ def view_of_trace(
         About how many moments the segment map can show.
     config : str, optional
         Allocator settings for the replay (default: the recording's, else the defaults).
+    entries : list of dict, optional
+        The trace's alloc/free entries with ``frames`` (a snapshot's ``device_traces[i]``),
+        for stacks in the hover details; default: from ``trace.events``, without stacks.
 
     Returns
     -------
@@ -205,11 +209,19 @@ def view_of_trace(
     """
     from .replay import replay
 
-    entries = [
-        {"action": a, "addr": addr, "size": size, "stream": stream}
-        for a, addr, size, stream in trace.events
-        if a != "empty_cache"
-    ]
+    if entries is None:
+        entries = [
+            {"action": a, "addr": addr, "size": size, "stream": stream}
+            for a, addr, size, stream in trace.events
+            if a != "empty_cache"
+        ]
+    if trace.recording is not None:  # blocks live when recording began, from the start
+        entries = [
+            {"action": "live", "addr": b.address, "size": b.requested_size, "stream": s.stream}
+            for s in trace.recording.start_segments
+            for b in s.blocks
+            if b.requested_size
+        ] + entries
     indices = _moment_indices(len(trace.events), moments)
     report = replay(trace, device="sim", config=config, capture_at=indices)
     events, total, allocations = _timeline(entries, top)
@@ -243,10 +255,8 @@ def view_of_snapshot(
     has_history = [i for i, t in enumerate(traces) if any(e.get("action") == "alloc" for e in t)]
     if has_history and (device_index is None or device_index in has_history):
         trace = trace_from_snapshot(snapshot, device=device_index, path=os.fspath(path))
-        view = view_of_trace(trace, title=name, top=top)
-        entries = traces[trace.recording.device if trace.recording else 0]
-        _, _, view.allocations = _timeline(entries, top)  # the same, with the recorded stacks
-        return view
+        device = trace.recording.device if trace.recording is not None else 0
+        return view_of_trace(trace, title=name, top=top, entries=traces[device])
     device = device_index or 0
     segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
     return View(name, 0, [(0, 0)], [], [_moment(0, segments)])
