@@ -126,8 +126,6 @@ class Recording:
         segments.
     settings : AllocatorConfig
         The recorded ``allocator_settings`` (defaults when the snapshot has none).
-    expandable_segments : bool
-        Whether PyTorch ran with expandable segments.
     reserved_at_start_bytes, reserved_at_end_bytes, peak_reserved_bytes : int
         PyTorch's reserved bytes when recording began, at the end, and at the peak.
     num_device_alloc, num_device_free : int
@@ -147,7 +145,6 @@ class Recording:
     start_segments: tuple[SegmentState, ...]
     segment_addresses: tuple[tuple[int, int], ...]
     settings: AllocatorConfig
-    expandable_segments: bool
     reserved_at_start_bytes: int
     reserved_at_end_bytes: int
     peak_reserved_bytes: int
@@ -391,7 +388,6 @@ def trace_from_snapshot(
             (e["addr"], e["size"]) for e in entries if e["action"] == "segment_alloc"
         ),
         settings=settings,
-        expandable_segments=settings.expandable_segments,
         reserved_at_start_bytes=reserved_start,
         reserved_at_end_bytes=reserved_end,
         peak_reserved_bytes=peak_reserved,
