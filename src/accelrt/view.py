@@ -24,7 +24,7 @@ from typing import Any
 from ._units import format_bytes
 from .memory._history import SegmentInfo
 from .trace._format import Trace
-from .trace._snapshot import read_snapshot, trace_from_snapshot
+from .trace._snapshot import devices_with_history, read_snapshot, trace_from_snapshot
 
 __all__ = [
     "View",
@@ -252,7 +252,7 @@ def view_of_snapshot(
     snapshot = read_snapshot(path)
     name = os.path.basename(os.fspath(path)).rsplit(".", 1)[0]
     traces = snapshot.get("device_traces") or []
-    has_history = [i for i, t in enumerate(traces) if any(e.get("action") == "alloc" for e in t)]
+    has_history = devices_with_history(snapshot)
     if has_history and (device_index is None or device_index in has_history):
         trace = trace_from_snapshot(snapshot, device=device_index, path=os.fspath(path))
         device = trace.recording.device if trace.recording is not None else 0

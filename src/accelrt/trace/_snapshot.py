@@ -30,6 +30,7 @@ __all__ = [
     "Recording",
     "SegmentState",
     "allocator_settings",
+    "devices_with_history",
     "read_snapshot",
     "trace_from_snapshot",
 ]
@@ -280,6 +281,12 @@ def _blocks_of(segment: dict[str, Any]) -> list[BlockState]:
     ]
 
 
+def devices_with_history(snapshot: dict[str, Any]) -> list[int]:
+    """Return the device indices whose ``device_traces`` record at least one allocation."""
+    traces = snapshot.get("device_traces") or []
+    return [i for i, t in enumerate(traces) if any(e.get("action") == "alloc" for e in t)]
+
+
 def trace_from_snapshot(
     snapshot: dict[str, Any], *, device: int | None = None, path: str | None = None
 ) -> Trace:
@@ -309,7 +316,7 @@ def trace_from_snapshot(
     """
     where = path or "snapshot"
     traces = snapshot.get("device_traces") or []
-    with_events = [i for i, t in enumerate(traces) if any(e.get("action") == "alloc" for e in t)]
+    with_events = devices_with_history(snapshot)
     if not with_events:
         raise TraceFormatError(
             f"{where}: the snapshot has no allocation history (record it with "
