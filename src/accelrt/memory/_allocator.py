@@ -317,6 +317,13 @@ class CachingAllocator:
         elif already_split:
             stats.inactive_split_bytes.decrease(is_small, block.size)
             stats.inactive_split.decrease(is_small, 1)
+        self._mark_allocated(block, nbytes)
+        return block
+
+    def _mark_allocated(self, block: Block, nbytes: int) -> None:
+        """Hand ``block`` out for a request of ``nbytes`` and count it in the statistics."""
+        stats = self.stats
+        is_small = block.pool.is_small
         block.allocated = True
         block.requested_size = nbytes
         self._active[block.address] = block
@@ -327,7 +334,6 @@ class CachingAllocator:
         stats.requested_bytes.increase(is_small, nbytes)
         if block.size >= self._max_split:
             stats.oversize_allocations.increase(1)
-        return block
 
     def restore_segment(
         self, size: int, stream: int, blocks: Sequence[tuple[int, int]]
@@ -384,15 +390,7 @@ class CachingAllocator:
                 chain.append(block)
                 address += block_bytes
                 if requested:
-                    block.allocated, block.requested_size = True, requested
-                    self._active[block.address] = block
-                    stats.allocation.increase(is_small, 1)
-                    stats.allocated_bytes.increase(is_small, block_bytes)
-                    stats.active.increase(is_small, 1)
-                    stats.active_bytes.increase(is_small, block_bytes)
-                    stats.requested_bytes.increase(is_small, requested)
-                    if block_bytes >= self._max_split:
-                        stats.oversize_allocations.increase(1)
+                    self._mark_allocated(block, requested)
             for block in chain:
                 if not block.allocated:
                     pool.insert(block)
