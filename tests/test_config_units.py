@@ -72,12 +72,30 @@ def test_set_allocator_settings_keeps_state_on_error(sim: str) -> None:
     assert acc.memory_stats()["max_split_size"] == 64 * MiB
 
 
-def test_expandable_segments_warns_and_falls_back(sim: str) -> None:
+def test_expandable_segments_on_opencl_warn_once_and_fall_back(opencl: str) -> None:
     acc.set_allocator_settings("expandable_segments:True")
-    with pytest.warns(RuntimeWarning, match="expandable segments are not implemented yet"):
+    with pytest.warns(RuntimeWarning, match="expandable segments need virtual memory") as seen:
         buf = acc.empty(1)
-    assert acc.memory_reserved() == 2 * MiB
+    assert "'opencl' backend does not have" in str(seen[0].message)
+    assert acc.memory_reserved() == 2 * MiB  # an ordinary small segment
+    assert acc.memory_stats()["segment.all.current"] == 1
     buf.free()
+    acc.empty_cache()
+    assert acc.memory_reserved() == 0
+
+
+def test_expandable_segments_on_sim_map_pages(sim: str) -> None:
+    acc.set_allocator_settings("expandable_segments:True")
+    buf = acc.empty(1)
+    stats = acc.memory_stats()
+    assert stats["reserved_bytes.all.current"] == 2 * MiB  # one 2 MiB page mapped
+    assert stats["segment.all.current"] == 0  # mapping adds no segment
+    assert stats["num_device_alloc"] == 1
+    buf.free()
+    acc.empty_cache()
+    stats = acc.memory_stats()
+    assert stats["reserved_bytes.all.current"] == 0
+    assert stats["num_device_free"] == 1
 
 
 @pytest.mark.parametrize(

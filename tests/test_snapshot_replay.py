@@ -119,9 +119,17 @@ def test_pytorch_style_snapshot(tmp_path: Path) -> None:
     assert trace.recording is not None
     assert trace.recording.capacity_bytes == 30 * MiB  # 20 MiB reserved + 10 MiB free at OOM
     assert trace.recording.start_segments == ()  # started empty
-    assert [e.action for e in trace.events] == ["alloc", "alloc", "free"]
+    # the request that ran out of memory is replayed too (PyTorch records no alloc for it)
+    assert [(e.action, e.size) for e in trace.events] == [
+        ("alloc", 4 * MiB),
+        ("alloc", 2 * MiB),
+        ("alloc", 40 * MiB),
+        ("free", 2 * MiB),
+    ]
     report = replay(trace)
     assert report.capacity_bytes == 30 * MiB
+    assert [(o.event, o.requested_bytes) for o in report.ooms] == [(2, 40 * MiB)]
+    assert report.num_alloc_retries == 1
     assert report.peak_reserved_bytes == report.recorded_peak_reserved_bytes == 20 * MiB
     text = segment_text(_pytorch_style_snapshot()["segments"])  # type: ignore[arg-type]
     assert text.splitlines()[0].endswith("[" + "a" * 9 + "6" + " " * 38 + "]")

@@ -223,12 +223,6 @@ def replay(
         warnings.simplefilter("always")
         allocator = CachingAllocator(backend, index, settings)
     notes = [str(w.message) for w in caught]
-    if recording is not None and settings.expandable_segments:
-        notes = [
-            "PyTorch ran this recording with expandable segments (ALLOCATOR.md section 7), "
-            "which accelrt does not implement yet: this replay used normal segments, which "
-            "split, cache and release memory differently, so its peak reserved differs"
-        ]
     handles: dict[int, int] = {}
 
     def handle_of(stream: int) -> int:

@@ -91,7 +91,30 @@ class Backend(Protocol):
         """Return the numpy dtypes device ``index`` can hold and convert between."""
 
     def supports_virtual_memory(self) -> bool:
-        """Return True if the backend can reserve address space and map pages (VMM)."""
+        """Return True if the backend can reserve address space and map pages (VMM).
+
+        When True, the ``vm_*`` methods work; when False they raise ``NotImplementedError``
+        and the allocator uses ordinary segments only.
+        """
+
+    def vm_granularity(self, index: int) -> int:
+        """Return the page size in bytes that ``vm_map`` addresses and sizes are multiples of."""
+
+    def vm_reserve(self, index: int, nbytes: int) -> int:
+        """Reserve ``nbytes`` of address space (no memory behind it) and return its address."""
+
+    def vm_release(self, index: int, address: int) -> None:
+        """Give back a range from ``vm_reserve``; none of its pages may be mapped."""
+
+    def vm_map(self, index: int, address: int, nbytes: int) -> None:
+        """Back ``[address, address + nbytes)`` of a reserved range with device memory.
+
+        Raises ``BackendOutOfMemory`` when the device has not that much memory free (then
+        nothing is mapped); the bytes count as held until ``vm_unmap``.
+        """
+
+    def vm_unmap(self, index: int, address: int, nbytes: int) -> None:
+        """Return the memory behind ``[address, address + nbytes)``; the range stays reserved."""
 
     def malloc(self, index: int, nbytes: int) -> int:
         """Allocate ``nbytes`` of device memory and return its address.
@@ -125,6 +148,9 @@ class Backend(Protocol):
 
     def event_record(self, event: Any, index: int, stream: int) -> None:
         """Record ``event`` at the current end of ``stream``."""
+
+    def event_destroy(self, event: Any) -> None:
+        """Release an event from ``event_create``; it is not used again."""
 
     def event_query(self, event: Any) -> bool:
         """Return True if the work captured by the event has completed (True if unrecorded)."""

@@ -29,6 +29,8 @@ from ._base import BackendOutOfMemory, dtypes, visible_devices
 
 __all__ = ["OpenCLBackend", "OpenCLEvent"]
 
+_NO_VMM = "OpenCL has no API to reserve address space and map pages into it (virtual memory)"
+
 # CL_OUT_OF_RESOURCES, CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_OUT_OF_HOST_MEMORY,
 # CL_INVALID_BUFFER_SIZE: what clSVMAlloc reports when a request cannot be met.
 _OOM_CODES = frozenset({-5, -4, -6, -61})
@@ -166,6 +168,26 @@ class OpenCLBackend:
         """False: OpenCL has no API to reserve address space and map pages."""
         return False
 
+    def vm_granularity(self, index: int) -> int:
+        """Not available: OpenCL has no virtual-memory API."""
+        raise NotImplementedError(_NO_VMM)
+
+    def vm_reserve(self, index: int, nbytes: int) -> int:
+        """Not available: OpenCL has no virtual-memory API."""
+        raise NotImplementedError(_NO_VMM)
+
+    def vm_release(self, index: int, address: int) -> None:
+        """Not available: OpenCL has no virtual-memory API."""
+        raise NotImplementedError(_NO_VMM)
+
+    def vm_map(self, index: int, address: int, nbytes: int) -> None:
+        """Not available: OpenCL has no virtual-memory API."""
+        raise NotImplementedError(_NO_VMM)
+
+    def vm_unmap(self, index: int, address: int, nbytes: int) -> None:
+        """Not available: OpenCL has no virtual-memory API."""
+        raise NotImplementedError(_NO_VMM)
+
     def _dev(self, index: int) -> _CLDevice:
         state = self._state.get(index)
         if state is None:
@@ -291,6 +313,10 @@ class OpenCLBackend:
         """Enqueue a marker on the stream's queue."""
         event.marker = _import_cl().enqueue_marker(self.queue(index, stream))
         self._dev(index).last[stream] = event.marker
+
+    def event_destroy(self, event: Any) -> None:
+        """Drop the event's marker (pyopencl releases the ``cl_event`` with it)."""
+        event.marker = None
 
     def event_query(self, event: Any) -> bool:
         """True if unrecorded or the marker has completed."""

@@ -1,9 +1,13 @@
 """A simulated device: address space only, any capacity, for replaying big GPU workloads offline.
 
-Addresses follow one documented rule (ALLOCATOR.md section 13) so that replays are reproducible:
-device ``i`` hands out addresses from a bump pointer starting at
+Addresses follow one documented rule (docs/allocator.md section 13) so that replays are
+reproducible: device ``i`` hands out addresses from a bump pointer starting at
 ``0x7F0000000000 + i * 2**44``, each allocation aligned to 2 MiB, never reusing an address.
 Allocations fail with ``BackendOutOfMemory`` once the bytes held would exceed the capacity.
+
+The device has virtual memory (for expandable segments): ``vm_reserve`` hands out an address
+range by the same rule without holding any memory, and ``vm_map`` backs 2 MiB pages of it,
+which count against the capacity like allocations until ``vm_unmap``.
 
 Streams and events complete at once; events carry host timestamps so ``elapsed_time`` works.
 Memory is host-backed lazily: the first copy into or view of an allocation creates its host
@@ -18,6 +22,7 @@ renumbers it, so workers given different devices never share an address.
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 import time
 from collections import deque
@@ -35,6 +40,7 @@ DEVICE_STRIDE = 1 << 44
 SEGMENT_ALIGNMENT = 2 << 20
 DEFAULT_CAPACITY = 80 << 30
 DEFAULT_DEVICE_COUNT = 2
+VM_GRANULARITY = 2 << 20
 
 
 class SimEvent:
@@ -48,6 +54,50 @@ class SimEvent:
         self.time_ns: int | None = None
 
 
+class _Reservation:
+    """An address range from ``vm_reserve``: its mapped pages and, once touched, host bytes.
+
+    Mapped pages are kept as sorted, disjoint, coalesced ``[first, last)`` page intervals, so a
+    petabyte range costs as little as a small one.
+    """
+
+    __slots__ = ("backing", "intervals", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.intervals: list[tuple[int, int]] = []
+        self.backing: mmap.mmap | None = None
+
+    def overlaps(self, first: int, last: int) -> bool:
+        """Whether any page in ``[first, last)`` is mapped."""
+        pos = bisect.bisect_right(self.intervals, (first, 1 << 62)) - 1
+        if pos >= 0 and self.intervals[pos][1] > first:
+            return True
+        return pos + 1 < len(self.intervals) and self.intervals[pos + 1][0] < last
+
+    def covers(self, first: int, last: int) -> bool:
+        """Whether every page in ``[first, last)`` is mapped."""
+        pos = bisect.bisect_right(self.intervals, (first, 1 << 62)) - 1
+        return pos >= 0 and self.intervals[pos][0] <= first and last <= self.intervals[pos][1]
+
+    def add(self, first: int, last: int) -> None:
+        """Mark ``[first, last)`` mapped (none of it is), merging with touching intervals."""
+        pos = bisect.bisect_left(self.intervals, (first, last))
+        if pos > 0 and self.intervals[pos - 1][1] == first:
+            pos -= 1
+            first = self.intervals.pop(pos)[0]
+        if pos < len(self.intervals) and self.intervals[pos][0] == last:
+            last = self.intervals.pop(pos)[1]
+        self.intervals.insert(pos, (first, last))
+
+    def remove(self, first: int, last: int) -> None:
+        """Mark ``[first, last)`` unmapped (all of it is mapped, in one interval)."""
+        pos = bisect.bisect_right(self.intervals, (first, 1 << 62)) - 1
+        start, end = self.intervals.pop(pos)
+        pieces = [(a, b) for a, b in ((start, first), (last, end)) if a < b]
+        self.intervals[pos:pos] = pieces
+
+
 class _SimDevice:
     __slots__ = (
         "backing",
@@ -57,6 +107,7 @@ class _SimDevice:
         "next_address",
         "physical_index",
         "planned",
+        "reservations",
         "sizes",
     )
 
@@ -69,6 +120,18 @@ class _SimDevice:
         self.sizes: dict[int, int] = {}
         self.backing: dict[int, bytearray] = {}
         self.planned: dict[int, deque[int]] = {}  # size -> addresses to hand out first
+        self.reservations: dict[int, _Reservation] = {}  # base -> range (also in bases/sizes)
+
+    def bump(self, nbytes: int) -> int:
+        """Return the next free 2 MiB-aligned address for ``nbytes`` and move past it."""
+        span = -(-max(nbytes, 1) // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
+        end = self.overlap_end(self.next_address, span)
+        while end is not None:  # skip planned allocations in the way
+            self.next_address = -(-end // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
+            end = self.overlap_end(self.next_address, span)
+        ptr = self.next_address
+        self.next_address += span
+        return ptr
 
     def overlap_end(self, ptr: int, nbytes: int) -> int | None:
         """The end of the highest live allocation overlapping ``[ptr, ptr + nbytes)``, or None."""
@@ -165,7 +228,7 @@ class SimBackend:
 
         Notes
         -----
-        For exact replays of recordings (ALLOCATOR.md section 13): equal-size free blocks are
+        For exact replays of recordings (docs/allocator.md section 13): equal-size free blocks are
         chosen by lowest address, so a replay that wants PyTorch's choices needs its addresses.
         """
         planned = self._devices[index].planned
@@ -192,13 +255,7 @@ class SimBackend:
             )
         ptr = self._next_planned(dev, nbytes) if dev.planned else None
         if ptr is None:
-            span = -(-max(nbytes, 1) // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
-            end = dev.overlap_end(dev.next_address, span)
-            while end is not None:  # skip planned allocations in the way
-                dev.next_address = -(-end // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
-                end = dev.overlap_end(dev.next_address, span)
-            ptr = dev.next_address
-            dev.next_address += span
+            ptr = dev.bump(nbytes)
         dev.held += nbytes
         bisect.insort(dev.bases, ptr)
         dev.sizes[ptr] = nbytes
@@ -207,12 +264,88 @@ class SimBackend:
     def free(self, index: int, ptr: int) -> None:
         """Release an allocation; ``ValueError`` if ``ptr`` is not a live allocation."""
         dev = self._devices[index]
-        nbytes = dev.sizes.pop(ptr, None)
+        nbytes = None if ptr in dev.reservations else dev.sizes.pop(ptr, None)
         if nbytes is None:
             raise ValueError(f"sim:{index}: {ptr:#x} is not an address returned by malloc")
         del dev.bases[bisect.bisect_left(dev.bases, ptr)]
         dev.backing.pop(ptr, None)
         dev.held -= nbytes
+
+    # virtual memory
+    def vm_granularity(self, index: int) -> int:
+        """2 MiB: mapped ranges start and end on 2 MiB boundaries."""
+        return VM_GRANULARITY
+
+    def vm_reserve(self, index: int, nbytes: int) -> int:
+        """Reserve an address range by the device's address rule; holds no memory.
+
+        Raises ``ValueError`` unless ``nbytes`` is a positive multiple of 2 MiB.
+        """
+        if nbytes <= 0 or nbytes % VM_GRANULARITY:
+            raise ValueError(f"sim:{index}: reserve {nbytes} bytes: not a multiple of 2 MiB")
+        dev = self._devices[index]
+        ptr = dev.bump(nbytes)
+        bisect.insort(dev.bases, ptr)
+        dev.sizes[ptr] = nbytes
+        dev.reservations[ptr] = _Reservation(nbytes)
+        return ptr
+
+    def vm_release(self, index: int, address: int) -> None:
+        """Give back a reserved range; ``ValueError`` if it is not one or has mapped pages."""
+        dev = self._devices[index]
+        reservation = dev.reservations.get(address)
+        if reservation is None or reservation.intervals:
+            raise ValueError(
+                f"sim:{index}: {address:#x} is not a reserved range with every page unmapped"
+            )
+        del dev.reservations[address], dev.sizes[address]
+        del dev.bases[bisect.bisect_left(dev.bases, address)]
+
+    def _pages(self, index: int, address: int, nbytes: int) -> tuple[_Reservation, int, int]:
+        dev = self._devices[index]
+        pos = bisect.bisect_right(dev.bases, address) - 1
+        base = dev.bases[pos] if pos >= 0 else -1
+        reservation = dev.reservations.get(base)
+        if (
+            reservation is None
+            or nbytes <= 0
+            or (address - base) % VM_GRANULARITY
+            or nbytes % VM_GRANULARITY
+            or address + nbytes > base + reservation.size
+        ):
+            raise ValueError(
+                f"sim:{index}: [{address:#x}, {address + nbytes:#x}) is not a 2 MiB-aligned "
+                "range inside one reserved range"
+            )
+        first = (address - base) // VM_GRANULARITY
+        return reservation, first, first + nbytes // VM_GRANULARITY
+
+    def vm_map(self, index: int, address: int, nbytes: int) -> None:
+        """Back pages of a reserved range; ``BackendOutOfMemory`` past the capacity.
+
+        Raises ``ValueError`` if the range is not whole pages of one reserved range or a page
+        is mapped already.
+        """
+        reservation, first, last = self._pages(index, address, nbytes)
+        if reservation.overlaps(first, last):
+            raise ValueError(f"sim:{index}: a page of [{address:#x}, +{nbytes}) is mapped")
+        dev = self._devices[index]
+        if dev.held + nbytes > dev.capacity:
+            raise BackendOutOfMemory(
+                f"sim:{index} has {dev.capacity - dev.held} bytes free, {nbytes} to map"
+            )
+        reservation.add(first, last)
+        dev.held += nbytes
+
+    def vm_unmap(self, index: int, address: int, nbytes: int) -> None:
+        """Unback pages (their contents are lost); ``ValueError`` if a page is not mapped."""
+        reservation, first, last = self._pages(index, address, nbytes)
+        if not reservation.covers(first, last):
+            raise ValueError(f"sim:{index}: a page of [{address:#x}, +{nbytes}) is not mapped")
+        reservation.remove(first, last)
+        self._devices[index].held -= nbytes
+        if reservation.backing is not None and hasattr(mmap, "MADV_DONTNEED"):
+            reservation.backing.madvise(mmap.MADV_DONTNEED, first * VM_GRANULARITY, nbytes)
 
     def mem_get_info(self, index: int) -> tuple[int, int]:
         """Return ``(capacity - bytes held, capacity)``."""
@@ -247,6 +380,9 @@ class SimBackend:
         """Stamp the event with the host's monotonic clock."""
         event.time_ns = time.perf_counter_ns()
 
+    def event_destroy(self, event: Any) -> None:
+        """Nothing to release."""
+
     def event_query(self, event: Any) -> bool:
         """Always True."""
         return True
@@ -268,11 +404,29 @@ class SimBackend:
             raise ValueError(
                 f"sim:{index}: [{ptr:#x}, {ptr + nbytes:#x}) is not inside one live allocation"
             )
+        reservation = dev.reservations.get(base)
+        if reservation is not None:
+            return self._mapped_backing(index, reservation, ptr - base, nbytes)
         data = dev.backing.get(base)
         if data is None:
             data = dev.backing[base] = bytearray(size)
         offset = ptr - base
         return memoryview(data)[offset : offset + nbytes]
+
+    def _mapped_backing(
+        self, index: int, reservation: _Reservation, offset: int, nbytes: int
+    ) -> memoryview:
+        first = offset // VM_GRANULARITY
+        last = -(-(offset + max(nbytes, 1)) // VM_GRANULARITY)
+        if not reservation.covers(first, last):
+            raise ValueError(
+                f"sim:{index}: bytes [{offset:#x}, +{nbytes}) of a reserved range are not mapped"
+            )
+        if reservation.backing is None:  # address space only: host pages appear when touched
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0)
+            flags |= getattr(mmap, "MAP_NORESERVE", 0)
+            reservation.backing = mmap.mmap(-1, reservation.size, flags=flags)
+        return memoryview(reservation.backing)[offset : offset + nbytes]
 
     def memcpy_async(
         self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int

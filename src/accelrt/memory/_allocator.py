@@ -1,11 +1,16 @@
 """``CachingAllocator``: one per device, generic over a backend's raw primitives.
 
-The default policy reproduces PyTorch's CUDACachingAllocator (ALLOCATOR.md sections 1-6, 8):
+The default policy reproduces PyTorch's CUDACachingAllocator (docs/allocator.md sections 1-8):
 requests are rounded and split between a small and a large pool; a request takes the smallest
 free block of its own stream that fits (lowest address first); blocks are split and merged
 inside their segment; frees of blocks used by other streams wait for events recorded on those
-streams; when nothing fits, the malloc ladder allocates a new segment, releases cached memory
-and retries before raising ``OutOfMemoryError``.
+streams; when nothing fits, the malloc ladder grows a segment, releases cached memory and
+retries before raising ``OutOfMemoryError``.
+
+The allocator gets its memory through a :class:`~accelrt.memory._segments.MemorySource`: it asks
+for ordinary segments, or for expandable segments that it grows by mapping pages, and asks them
+back; it never calls the backend's ``malloc``/``free`` itself. Private pools (``MemPool``) are
+pairs of free lists of their own. History is an observer behind one hook (``_observer``).
 """
 
 from __future__ import annotations
@@ -19,84 +24,43 @@ from typing import Any
 
 from .._errors import OutOfMemoryError
 from .._units import format_bytes
-from ..backends._base import Backend, BackendOutOfMemory
-from ._block import Block, BlockPool, Segment
+from ..backends._base import Backend
+from ._block import DEFAULT_POOL_ID, Block, BlockPool, PoolId
 from ._config import AllocatorConfig
 from ._history import (
     BlockInfo,
     ContextMode,
     EnabledMode,
     History,
-    RawFrames,
     SegmentInfo,
     TraceEntry,
-    capture_frames,
     frames_to_dicts,
 )
+from ._policy import (
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    MAX_REQUEST_BYTES,
+    UNLIMITED,
+    round_size,
+    segment_size,
+    should_split,
+)
+from ._segments import AnySegment, ExpandableSegment, MemorySource, Segment
 from ._stats import DeviceStats
 
-__all__ = [
-    "K_LARGE_BUFFER",
-    "K_MIN_BLOCK_SIZE",
-    "K_MIN_LARGE_ALLOC",
-    "K_ROUND_LARGE",
-    "K_SMALL_BUFFER",
-    "K_SMALL_SIZE",
-    "MAX_REQUEST_BYTES",
-    "CachingAllocator",
-    "round_size",
-    "segment_size",
-]
-
-K_MIN_BLOCK_SIZE = 512  # every block is a multiple of this
-K_SMALL_SIZE = 1 << 20  # requests up to this go to the small pool
-K_SMALL_BUFFER = 2 << 20  # segment size of the small pool
-K_LARGE_BUFFER = 20 << 20  # segment size for requests below K_MIN_LARGE_ALLOC
-K_MIN_LARGE_ALLOC = 10 << 20
-K_ROUND_LARGE = 2 << 20  # larger segments are rounded to this
-MAX_REQUEST_BYTES = 1 << 60
-_UNLIMITED = 1 << 64
+__all__ = ["CachingAllocator"]
 
 
-def round_size(nbytes: int, config: AllocatorConfig) -> int:
-    """Round a request as PyTorch does (ALLOCATOR.md section 2).
+class _PrivatePool:
+    """The free lists of one ``MemPool`` on this device, and whether its owner still exists."""
 
-    Parameters
-    ----------
-    nbytes : int
-        The requested size in bytes (>= 0).
-    config : AllocatorConfig
-        Supplies ``roundup_power2_divisions``.
+    __slots__ = ("large", "owner_alive", "small")
 
-    Returns
-    -------
-    int
-        512 for requests below 512; else the next multiple of 512, or with d > 1 power-of-two
-        divisions for the request's interval (and ``nbytes > 512 * d``) the next of d equal steps
-        between the surrounding powers of two.
-    """
-    if nbytes < K_MIN_BLOCK_SIZE:
-        return K_MIN_BLOCK_SIZE
-    divisions = config.roundup_divisions_for(nbytes)
-    if divisions > 1 and nbytes > K_MIN_BLOCK_SIZE * divisions:
-        if nbytes & (nbytes - 1) == 0:
-            return nbytes
-        floor = 1 << (nbytes.bit_length() - 1)
-        step = floor // divisions
-        if step == 0:
-            return floor << 1
-        rounded = nbytes & ~(step - 1)
-        return nbytes if rounded == nbytes else rounded + step
-    return -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
-
-
-def segment_size(rounded: int) -> int:
-    """Return the size of a new segment for a rounded request (ALLOCATOR.md section 2)."""
-    if rounded <= K_SMALL_SIZE:
-        return K_SMALL_BUFFER
-    if rounded < K_MIN_LARGE_ALLOC:
-        return K_LARGE_BUFFER
-    return -(-rounded // K_ROUND_LARGE) * K_ROUND_LARGE
+    def __init__(self, pool_id: PoolId) -> None:
+        self.small = BlockPool(is_small=True, pool_id=pool_id)
+        self.large = BlockPool(is_small=False, pool_id=pool_id)
+        self.owner_alive = True
 
 
 class CachingAllocator:
@@ -105,8 +69,8 @@ class CachingAllocator:
     Parameters
     ----------
     backend : Backend
-        The device's backend; the allocator uses its ``malloc``/``free``, events and
-        ``mem_get_info``.
+        The device's backend; the allocator uses its memory (through a ``MemorySource``), its
+        events and ``mem_get_info``.
     device_index : int
         The device's index within the backend.
     config : AllocatorConfig, optional
@@ -125,46 +89,62 @@ class CachingAllocator:
         self.backend = backend
         self.device_index = device_index
         self.device_name = f"{backend.name}:{device_index}"
+        self._source = MemorySource(backend, device_index)
         self._lock = threading.RLock()
         self._small = BlockPool(is_small=True)
         self._large = BlockPool(is_small=False)
+        self._private: dict[PoolId, _PrivatePool] = {}
+        self._routes: dict[int, list[PoolId]] = {}  # thread id -> stack of active pool ids
         self._active: dict[int, Block] = {}
-        self._segments: dict[int, Segment] = {}
+        self._segments: dict[int, AnySegment] = {}
         self._events: dict[int, deque[tuple[Any, Block]]] = {}
+        self._idle_events: list[Any] = []
         self._reserved = 0
         self._allowed_max: int | None = None
+        self._fraction_from_config: float | None = None
         self.config = AllocatorConfig()
-        self._max_split = _UNLIMITED
+        self._max_split = UNLIMITED
+        self._expandable = False
         self.stats = DeviceStats(max_split_size=-1)
         self._warned_expandable = False
-        self._history: History | None = None
+        self._observer: History | None = None
         self.set_config(config if config is not None else AllocatorConfig())
 
     # ------------------------------------------------------------------ settings
     def set_config(self, config: AllocatorConfig) -> None:
         """Apply new settings to future requests; cached blocks stay as they are.
 
-        A ``per_process_memory_fraction`` in the config sets the memory fraction. Expandable
-        segments are not implemented yet: requesting them warns once and uses normal segments.
+        A ``per_process_memory_fraction`` in the config sets the memory fraction when it
+        changes. ``expandable_segments`` needs a backend with virtual memory: on one without,
+        it warns once (naming the reason) and ordinary segments are used.
         """
         with self._lock:
             self.config = config
             self._max_split = (
-                config.max_split_size if config.max_split_size is not None else _UNLIMITED
+                config.max_split_size if config.max_split_size is not None else UNLIMITED
             )
             self.stats.max_split_size = (
                 config.max_split_size if config.max_split_size is not None else -1
             )
-            if config.per_process_memory_fraction is not None:
-                self.set_memory_fraction(config.per_process_memory_fraction)
-            if config.expandable_segments and not self._warned_expandable:
+            fraction = config.per_process_memory_fraction
+            if fraction is not None and fraction != self._fraction_from_config:
+                self.set_memory_fraction(fraction)
+            self._fraction_from_config = fraction
+            self._expandable = config.expandable_segments and self._source.supports_expandable
+            if config.expandable_segments and not self._expandable and not self._warned_expandable:
                 self._warned_expandable = True
                 warnings.warn(
-                    f"{self.device_name}: expandable segments are not implemented yet; "
-                    "using normal segments",
+                    f"{self.device_name}: expandable segments need virtual memory (reserving "
+                    f"address space and mapping pages into it), which the {self.backend.name!r} "
+                    "backend does not have; using normal segments",
                     RuntimeWarning,
                     stacklevel=3,
                 )
+
+    @property
+    def expandable_segments(self) -> bool:
+        """Whether new memory comes from expandable segments (setting on and backend able)."""
+        return self._expandable
 
     def set_memory_fraction(self, fraction: float) -> None:
         """Cap reserved memory at ``fraction`` of the device's total memory.
@@ -198,7 +178,9 @@ class CachingAllocator:
         Returns
         -------
         Block
-            An allocated block; ``block.address`` is the device pointer.
+            An allocated block; ``block.address`` is the device pointer. It comes from the
+            private pool the calling thread allocates to (``use_mem_pool``), else from the
+            device's default pools.
 
         Raises
         ------
@@ -207,8 +189,9 @@ class CachingAllocator:
         ValueError
             If ``nbytes`` < 1 or > 2**60.
         OutOfMemoryError
-            If the ladder of ALLOCATOR.md section 6 finds no memory; the allocator is unchanged
-            except for cached blocks released on the way and the ``num_ooms`` counter.
+            If the malloc ladder (docs/allocator.md section 6) finds no memory; the allocator
+            is unchanged except for cached memory released on the way, pages mapped on the way
+            (they stay cached) and the ``num_ooms`` counter.
         """
         if type(nbytes) is not int:
             nbytes = _as_size(nbytes)
@@ -221,33 +204,37 @@ class CachingAllocator:
             if self._events:
                 self._process_events()
             size = round_size(nbytes, self.config)
-            pool = self._small if size <= K_SMALL_SIZE else self._large
-            history = self._history
-            frames = capture_frames() if history is not None and history.stack_allocs else None
+            if self._routes:
+                pool = self._routed_pool(size)
+            else:
+                pool = self._small if size <= K_SMALL_SIZE else self._large
             block = self._get_free_block(pool, size, stream)
             if block is None:
-                block = self._malloc_slow(pool, size, nbytes, stream, frames)
-            block = self._alloc_found_block(block, size, nbytes, pool)
-            if history is not None:
-                block.frames = frames
-                history.record("alloc", block.address, nbytes, stream, frames)
+                block = self._malloc_slow(pool, size, nbytes, stream)
+            block = self._alloc_found_block(block, size, nbytes)
+            if self._observer is not None:
+                self._observer.record("alloc", block.address, nbytes, stream, block)
             return block
 
-    def _malloc_slow(
-        self, pool: BlockPool, size: int, nbytes: int, stream: int, frames: RawFrames | None
-    ) -> Block:
+    def _routed_pool(self, size: int) -> BlockPool:
+        ids = self._routes.get(threading.get_ident())
+        if not ids:
+            return self._small if size <= K_SMALL_SIZE else self._large
+        private = self._private[ids[-1]]
+        return private.small if size <= K_SMALL_SIZE else private.large
+
+    def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
         alloc_size = segment_size(size)
         if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
             self._garbage_collect()
-        block = self._alloc_segment(pool, alloc_size, stream, is_retry=False)
+        block = self._grow(pool, size, alloc_size, stream, is_retry=False)
         if block is None and self._release_available_cached_blocks(pool, size, stream):
-            block = self._alloc_segment(pool, alloc_size, stream, is_retry=False)
+            block = self._grow(pool, size, alloc_size, stream, is_retry=False)
         if block is None:
             self._release_cached_blocks()
-            block = self._alloc_segment(pool, alloc_size, stream, is_retry=True)
+            block = self._grow(pool, size, alloc_size, stream, is_retry=True)
         if block is None:
-            raise self._out_of_memory(nbytes, alloc_size, stream, frames)
-        block.segment.frames = frames
+            raise self._out_of_memory(nbytes, size, alloc_size, stream)
         return block
 
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
@@ -256,6 +243,10 @@ class CachingAllocator:
         block = pool.lower_bound(stream, size)
         if block is None:
             return None
+        if block.segment.is_expandable:
+            block = self._expandable_candidate(pool, size, stream)
+            if block is None:
+                return None
         max_split = self._max_split
         if size < max_split and block.size >= max_split:
             return None  # keep oversize blocks for oversize requests
@@ -264,41 +255,149 @@ class CachingAllocator:
         pool.remove(block)
         return block
 
-    def _alloc_segment(
-        self, pool: BlockPool, alloc_size: int, stream: int, *, is_retry: bool
+    def _expandable_candidate(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        """Best fit when the first candidate is in an expandable segment (section 3)."""
+        candidates = pool.candidates(stream, size)
+        current = next(candidates)
+        if not self._expandable:  # switched off after some were made: skip their blocks
+            for candidate in candidates:
+                if not candidate.segment.is_expandable:
+                    return candidate
+            return None
+        for candidate in candidates:
+            if not current.segment.is_expandable:
+                break
+            if _growable_size(candidate) >= _growable_size(current):
+                break
+            current = candidate
+        return current
+
+    def _grow(
+        self, pool: BlockPool, size: int, alloc_size: int, stream: int, *, is_retry: bool
     ) -> Block | None:
+        """Get fresh memory for a request of ``size`` rounded bytes: step 4 of the ladder."""
         stats = self.stats
         if is_retry:
             stats.num_alloc_retries += 1
         if self._allowed_max is not None and self._reserved + alloc_size > self._allowed_max:
             return None
-        try:
-            ptr = self.backend.malloc(self.device_index, alloc_size)
-        except BackendOutOfMemory:
+        if self._expandable:
+            return self._grow_expandable(pool, size, stream)
+        segment = self._source.allocate(alloc_size, stream, pool)
+        if segment is None:
             return None
         self._reserved += alloc_size
-        segment = Segment(ptr, alloc_size, stream, pool.is_small)
-        self._segments[ptr] = segment
+        self._segments[segment.address] = segment
         stats.segment.increase(pool.is_small, 1)
         stats.reserved_bytes.increase(pool.is_small, alloc_size)
         if alloc_size >= self._max_split:
             stats.oversize_segments.increase(1)
         stats.num_device_alloc += 1
-        if self._history is not None:
-            self._history.record("segment_alloc", ptr, alloc_size, stream)
-        return Block(ptr, alloc_size, stream, pool, segment)
+        if self._observer is not None:
+            self._observer.record("segment_alloc", segment.address, alloc_size, stream, segment)
+        return Block(segment.address, alloc_size, stream, pool, segment)
 
-    def _should_split(self, block: Block, size: int) -> bool:
-        remaining = block.size - size
-        if block.pool.is_small:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return size < self._max_split and remaining > K_SMALL_SIZE
+    # ------------------------------------------------------------------ expandable segments
+    def _grow_expandable(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        """Map pages until a free run of ``size`` bytes exists; return it out of the pool."""
+        candidate = self._find_expandable_block(pool, size, stream)
+        if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
+            return None
+        while candidate.size < size:
+            unmapped = candidate.next
+            assert unmapped is not None and not unmapped.mapped  # free runs end unmapped
+            if not self._map_block(unmapped, min(size - candidate.size, unmapped.size)):
+                return None
+            candidate = unmapped  # it absorbed the mapped block before it
+        pool.remove(candidate)
+        return candidate
 
-    def _alloc_found_block(self, block: Block, size: int, nbytes: int, pool: BlockPool) -> Block:
+    def _find_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block:
+        """The lowest-address run of free and unmapped blocks of ``size`` bytes on ``stream``,
+        in a new expandable segment if no existing one has room (section 7)."""
+        for unmapped in pool.unmapped_blocks(stream):
+            start = unmapped
+            if unmapped.prev is not None and unmapped.prev.is_free():
+                start = unmapped.prev
+            room, walk = 0, start
+            while room < size and walk is not None and walk.is_free():
+                room += walk.size
+                walk = walk.next
+            if room >= size:
+                return start
+        segment = self._source.reserve(stream, pool)
+        self._segments[segment.address] = segment
+        block = Block(segment.address, segment.size, stream, pool, segment)
+        block.mapped = False
+        pool.insert_unmapped(block)
+        return block
+
+    def _map_block(self, block: Block, nbytes: int) -> bool:
+        """Map the pages under the first ``nbytes`` of an unmapped block; False when full."""
+        segment = block.segment
+        assert isinstance(segment, ExpandableSegment)
+        mapped = segment.map(block.address, nbytes)
+        if not mapped:
+            return False
+        pool = block.pool
+        pool.remove_unmapped(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = Block(block.address + mapped, block.size - mapped, block.stream, pool, segment)
+            rest.mapped = False
+            _link_after(block, rest)
+            pool.insert_unmapped(rest)
+            block.size = mapped
+        address = block.address
+        self._try_merge(block, block.prev, pool)
+        self._try_merge(block, block.next, pool)
+        pool.insert(block)
+        self._reserved += mapped
+        self.stats.reserved_bytes.increase(pool.is_small, mapped)
+        self.stats.num_device_alloc += 1
+        if self._observer is not None:
+            self._observer.record("segment_map", address, mapped, block.stream, segment)
+        return True
+
+    def _unmap_block(self, block: Block) -> None:
+        """Unmap the whole pages inside a free mapped block (partial pages stay mapped)."""
+        segment = block.segment
+        assert isinstance(segment, ExpandableSegment)
+        start, unmapped = segment.unmap(block.address, block.size)
+        if not unmapped:
+            return
+        pool = block.pool
+        pool.remove(block)
+        before = start - block.address
+        if before > 0:
+            head = Block(block.address, before, block.stream, pool, segment)
+            _link_after(block.prev, head, block)
+            pool.insert(head)
+        after = block.size - before - unmapped
+        if after > 0:
+            tail = Block(start + unmapped, after, block.stream, pool, segment)
+            _link_after(block, tail)
+            pool.insert(tail)
+        block.address = start
+        block.size = unmapped
+        block.mapped = False
+        self._try_merge(block, block.prev, pool)
+        self._try_merge(block, block.next, pool)
+        pool.insert_unmapped(block)
+        self._reserved -= unmapped
+        self.stats.reserved_bytes.decrease(pool.is_small, unmapped)
+        self.stats.num_device_free += 1
+        if self._observer is not None:
+            self._observer.record("segment_unmap", start, unmapped, block.stream)
+
+    # ------------------------------------------------------------------ handing out blocks
+    def _alloc_found_block(self, block: Block, size: int, nbytes: int) -> Block:
         stats = self.stats
+        pool = block.pool
         is_small = pool.is_small
+        counts_split = not block.segment.is_expandable  # inactive_split skips expandable
         already_split = block.is_split()
-        if self._should_split(block, size):
+        if should_split(block.size, size, is_small, self._max_split, self._expandable):
             remaining = block
             block = Block(remaining.address, size, remaining.stream, pool, remaining.segment)
             block.prev = remaining.prev
@@ -309,12 +408,12 @@ class CachingAllocator:
             remaining.address += size
             remaining.size -= size
             pool.insert(remaining)
-            if already_split:
+            if counts_split and already_split:
                 stats.inactive_split_bytes.decrease(is_small, size)
-            else:
+            elif counts_split:
                 stats.inactive_split_bytes.increase(is_small, remaining.size)
                 stats.inactive_split.increase(is_small, 1)
-        elif already_split:
+        elif already_split and counts_split:
             stats.inactive_split_bytes.decrease(is_small, block.size)
             stats.inactive_split.decrease(is_small, 1)
         self._mark_allocated(block, nbytes)
@@ -338,7 +437,7 @@ class CachingAllocator:
     def restore_segment(
         self, size: int, stream: int, blocks: Sequence[tuple[int, int]]
     ) -> list[Block]:
-        """Recreate a segment as a recording had it: for replays that start mid-run.
+        """Recreate an ordinary segment as a recording had it: for replays that start mid-run.
 
         Parameters
         ----------
@@ -360,12 +459,14 @@ class CachingAllocator:
         ValueError
             If the block sizes are not positive multiples of 512 summing to ``size``, or two
             free blocks are adjacent (the allocator would have merged them); nothing changes.
+        OutOfMemoryError
+            If the device cannot hold the segment.
 
         Notes
         -----
-        The segment is obtained with ``backend.malloc`` (a simulated device can be told which
-        address to return, see ``SimBackend.plan_addresses``) and counts in the statistics as
-        a device allocation. ALLOCATOR.md section 13.
+        The segment comes from the memory source like any other (a simulated device can be
+        told which address to return, see ``SimBackend.plan_addresses``) and counts in the
+        statistics as a device allocation. docs/allocator.md section 13.
         """
         sizes = [b for b, _ in blocks]
         if any(b <= 0 or b % K_MIN_BLOCK_SIZE for b in sizes) or sum(sizes) != size:
@@ -377,9 +478,13 @@ class CachingAllocator:
             raise ValueError("two free blocks are adjacent: the allocator would have merged them")
         with self._lock:
             pool = self._small if size == K_SMALL_BUFFER else self._large
-            first = self._alloc_segment(pool, size, stream, is_retry=False)
+            expandable, self._expandable = self._expandable, False
+            try:
+                first = self._grow(pool, size, size, stream, is_retry=False)
+            finally:
+                self._expandable = expandable
             if first is None:
-                raise self._out_of_memory(size, size, stream)
+                raise self._out_of_memory(size, size, size, stream)
             segment, stats, is_small = first.segment, self.stats, pool.is_small
             chain: list[Block] = []
             address = segment.address
@@ -403,6 +508,9 @@ class CachingAllocator:
     def free(self, block: Block) -> None:
         """Give a block back; reusable at once on its stream, elsewhere after its events.
 
+        The block returns to the pool it came from, whichever pool the thread allocates to
+        now.
+
         Raises
         ------
         ValueError
@@ -418,11 +526,9 @@ class CachingAllocator:
             stats = self.stats
             is_small = block.pool.is_small
             block.allocated = False
-            history = self._history
-            if history is not None:
-                frames = capture_frames() if history.stack_frees else None
-                history.record(
-                    "free_requested", block.address, block.requested_size, block.stream, frames
+            if self._observer is not None:
+                self._observer.record(
+                    "free_requested", block.address, block.requested_size, block.stream, block
                 )
             stats.allocation.decrease(is_small, 1)
             stats.allocated_bytes.decrease(is_small, block.size)
@@ -458,7 +564,10 @@ class CachingAllocator:
         streams = block.stream_uses or set()
         block.stream_uses = None
         for stream in sorted(streams):
-            event = self.backend.event_create(self.device_index, False)
+            if self._idle_events:
+                event = self._idle_events.pop()
+            else:
+                event = self.backend.event_create(self.device_index, False)
             self.backend.event_record(event, self.device_index, stream)
             block.event_count += 1
             queue = self._events.get(stream)
@@ -474,6 +583,7 @@ class CachingAllocator:
                 if not self.backend.event_query(event):
                     break
                 queue.popleft()
+                self._idle_events.append(event)
                 block.event_count -= 1
                 if block.event_count == 0:
                     self._free_block(block)
@@ -485,6 +595,7 @@ class CachingAllocator:
         for queue in self._events.values():
             for event, block in queue:
                 self.backend.event_synchronize(event)
+                self._idle_events.append(event)
                 block.event_count -= 1
                 if block.event_count == 0:
                     self._free_block(block)
@@ -498,9 +609,8 @@ class CachingAllocator:
         requested = block.requested_size
         split_blocks_change = 0
         split_bytes_change = 0
-        if self._history is not None:
-            self._history.record("free_completed", block.address, requested, block.stream)
-        block.frames = None
+        if self._observer is not None:
+            self._observer.record("free_completed", block.address, requested, block.stream, block)
         del self._active[block.address]
         for candidate in (block.prev, block.next):
             subsumed = self._try_merge(block, candidate, pool)
@@ -508,26 +618,38 @@ class CachingAllocator:
                 split_blocks_change -= 1
                 split_bytes_change -= subsumed
         pool.insert(block)
-        if block.is_split():
-            split_blocks_change += 1
-            split_bytes_change += block.size
-        if split_blocks_change > 0:
-            stats.inactive_split.increase(is_small, split_blocks_change)
-        elif split_blocks_change < 0:
-            stats.inactive_split.decrease(is_small, -split_blocks_change)
-        if split_bytes_change > 0:
-            stats.inactive_split_bytes.increase(is_small, split_bytes_change)
-        elif split_bytes_change < 0:
-            stats.inactive_split_bytes.decrease(is_small, -split_bytes_change)
+        if not block.segment.is_expandable:  # inactive_split skips expandable segments
+            if block.is_split():
+                split_blocks_change += 1
+                split_bytes_change += block.size
+            if split_blocks_change > 0:
+                stats.inactive_split.increase(is_small, split_blocks_change)
+            elif split_blocks_change < 0:
+                stats.inactive_split.decrease(is_small, -split_blocks_change)
+            if split_bytes_change > 0:
+                stats.inactive_split_bytes.increase(is_small, split_bytes_change)
+            elif split_bytes_change < 0:
+                stats.inactive_split_bytes.decrease(is_small, -split_bytes_change)
         stats.active.decrease(is_small, 1)
         stats.active_bytes.decrease(is_small, original_size)
         stats.requested_bytes.decrease(is_small, requested)
+        if pool.pool_id is not DEFAULT_POOL_ID:
+            self._release_if_abandoned(pool.pool_id)
 
     @staticmethod
     def _try_merge(dst: Block, src: Block | None, pool: BlockPool) -> int:
-        if src is None or src.allocated or src.event_count > 0 or src.stream_uses:
+        if (
+            src is None
+            or src.allocated
+            or src.event_count > 0
+            or src.stream_uses
+            or src.mapped is not dst.mapped
+        ):
             return 0
-        pool.remove(src)
+        if src.mapped:
+            pool.remove(src)
+        else:
+            pool.remove_unmapped(src)
         if dst.prev is src:
             dst.address = src.address
             dst.prev = src.prev
@@ -542,27 +664,51 @@ class CachingAllocator:
 
     # ------------------------------------------------------------------ releasing
     def empty_cache(self) -> None:
-        """Wait for pending frees, then return every free, unsplit segment to the device.
+        """Wait for pending frees, then return every cached, unused segment to the device.
 
-        Mirrors ``torch.cuda.empty_cache``: blocks still allocated, and free pieces of
-        segments that are partly allocated, stay.
+        Mirrors ``torch.cuda.empty_cache``: ordinary segments with no allocated block are
+        released, whole free pages of expandable segments are unmapped, in every pool
+        (private ones too). Blocks still allocated, and free pieces of partly used ordinary
+        segments, stay. The events the allocator keeps for reuse are destroyed.
         """
         with self._lock:
             self._release_cached_blocks()
+            for event in self._idle_events:
+                self.backend.event_destroy(event)
+            self._idle_events.clear()
+
+    def _all_pools(self) -> list[BlockPool]:
+        pools = [self._large, self._small]
+        for private in self._private.values():
+            pools += (private.large, private.small)
+        return pools
 
     def _release_cached_blocks(self) -> None:
         self._synchronize_and_free_events()
-        for pool in (self._large, self._small):
-            for block in pool.blocks():
-                if not block.is_split():
-                    self._release_block(block)
+        for pool in self._all_pools():
+            self._release_pool_blocks(pool)
+
+    def _release_pool_blocks(self, pool: BlockPool) -> None:
+        """Release the pool's unsplit ordinary segments and unmap its expandable free pages."""
+        to_unmap = []
+        for block in pool.blocks():
+            if block.segment.is_expandable:
+                to_unmap.append(block)  # unmapping changes the pool: do it after the walk
+            elif not block.is_split():
+                self._release_block(block)
+        for block in to_unmap:
+            self._unmap_block(block)
+            if block.prev is None and block.next is None and not block.mapped:
+                self._release_expandable(block)
 
     def _release_block(self, block: Block) -> None:
         stats = self.stats
         pool = block.pool
-        self.backend.free(self.device_index, block.address)
-        if self._history is not None:
-            self._history.record("segment_free", block.address, block.size, block.stream)
+        segment = block.segment
+        assert isinstance(segment, Segment)
+        self._source.release(segment)
+        if self._observer is not None:
+            self._observer.record("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
         del self._segments[block.address]
         self._reserved -= block.size
@@ -572,19 +718,27 @@ class CachingAllocator:
         if block.size >= self._max_split:
             stats.oversize_segments.decrease(1)
 
+    def _release_expandable(self, block: Block) -> None:
+        """Give back the address range of an expandable segment that is all unmapped."""
+        segment = block.segment
+        assert isinstance(segment, ExpandableSegment)
+        block.pool.remove_unmapped(block)
+        segment.release()
+        del self._segments[segment.address]
+
     def _release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
-        if self._max_split == _UNLIMITED:
+        if self._max_split == UNLIMITED:
             return False
         target = max(size, self._max_split)
         block = pool.lower_bound(stream, target)
-        if block is not None and not block.is_split():
+        if block is not None and not block.segment.is_expandable and not block.is_split():
             self._release_block(block)
             return True
         released = 0
-        for candidate in pool.stream_blocks(stream, descending=True):
+        for candidate in reversed(pool.stream_blocks_below(stream, target)):
             if released >= target or candidate.size < self._max_split:
                 break
-            if not candidate.is_split():
+            if not candidate.segment.is_expandable and not candidate.is_split():
                 released += candidate.size
                 self._release_block(candidate)
         return released >= target
@@ -597,7 +751,7 @@ class CachingAllocator:
         target = self._reserved - threshold
         pool = self._large
         calls = pool.get_free_blocks_call_count
-        freeable = [b for b in pool.blocks() if not b.is_split()]
+        freeable = [b for b in pool.blocks() if _collectable(b)]
         total_age = sum(calls - b.gc_count_base for b in freeable)
         count = len(freeable)
         reclaimed = 0
@@ -607,7 +761,7 @@ class CachingAllocator:
             freed_any = False
             for block in pool.blocks():
                 age = calls - block.gc_count_base
-                if not block.is_split() and age >= age_threshold:
+                if _collectable(block) and age >= age_threshold:
                     freed_any = True
                     reclaimed += block.size
                     total_age -= age
@@ -615,29 +769,37 @@ class CachingAllocator:
                     self._release_block(block)
 
     def _out_of_memory(
-        self, nbytes: int, alloc_size: int, stream: int, frames: RawFrames | None = None
+        self, nbytes: int, size: int, alloc_size: int, stream: int
     ) -> OutOfMemoryError:
         stats = self.stats
         stats.num_ooms += 1
         free, total = self.backend.mem_get_info(self.device_index)
-        if self._history is not None:
-            self._history.record("oom", 0, alloc_size, stream, frames, device_free=free)
+        if self._observer is not None:
+            self._observer.record("oom", 0, size, stream, device_free=free)
         allocated = stats.allocated_bytes.all.current
         reserved = stats.reserved_bytes.all.current
         allowed = ""
         if self._allowed_max is not None:
             allowed = f" accelrt may use {format_bytes(self._allowed_max)} of it (memory fraction)."
-        if self.backend.supports_virtual_memory():
-            hint = "ACCELRT_ALLOC_CONF=expandable_segments:True"
+        if self._expandable:
+            hint = (
+                "expandable segments are already on; free memory or lower the batch size, or "
+                "try ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB>"
+            )
+        elif self._source.supports_expandable:
+            hint = "try ACCELRT_ALLOC_CONF=expandable_segments:True to avoid fragmentation"
         else:
-            hint = "ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB> (expandable segments need VMM)"
+            hint = (
+                "try ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB> to avoid fragmentation "
+                f"(expandable segments need virtual memory, which {self.backend.name!r} lacks)"
+            )
         message = (
             f"Out of memory on {self.device_name}. Tried to allocate {format_bytes(alloc_size)} "
             f"(a {format_bytes(nbytes)} request). The device has a total capacity of "
             f"{format_bytes(total)} of which {format_bytes(free)} is free.{allowed} Of the "
             f"allocated memory {format_bytes(allocated)} is allocated by accelrt, and "
             f"{format_bytes(reserved - allocated)} is reserved by accelrt but unallocated. If "
-            f"reserved but unallocated memory is large, try {hint} to avoid fragmentation."
+            f"reserved but unallocated memory is large, {hint}."
         )
         return OutOfMemoryError(
             message,
@@ -650,6 +812,60 @@ class CachingAllocator:
             total_bytes=total,
         )
 
+    # ------------------------------------------------------------------ private pools
+    def create_pool(self, pool_id: PoolId) -> None:
+        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist."""
+        with self._lock:
+            if pool_id not in self._private:
+                self._private[pool_id] = _PrivatePool(pool_id)
+
+    def begin_allocate_to_pool(self, pool_id: PoolId) -> None:
+        """Route the calling thread's allocations to private pool ``pool_id`` (nestable)."""
+        with self._lock:
+            self.create_pool(pool_id)
+            self._routes.setdefault(threading.get_ident(), []).append(pool_id)
+
+    def end_allocate_to_pool(self, pool_id: PoolId) -> None:
+        """Undo the calling thread's latest :meth:`begin_allocate_to_pool` of ``pool_id``.
+
+        Raises
+        ------
+        ValueError
+            If the thread is not allocating to that pool.
+        """
+        with self._lock:
+            ident = threading.get_ident()
+            ids = self._routes.get(ident)
+            if not ids or ids[-1] != pool_id:
+                raise ValueError(
+                    f"{self.device_name}: this thread is not allocating to pool {pool_id}"
+                )
+            ids.pop()
+            if not ids:
+                del self._routes[ident]
+
+    def release_pool(self, pool_id: PoolId) -> None:
+        """The pool's owner is gone: release its memory now, or when its last block is freed."""
+        with self._lock:
+            private = self._private.get(pool_id)
+            if private is not None:
+                private.owner_alive = False
+                self._release_if_abandoned(pool_id)
+
+    def _release_if_abandoned(self, pool_id: PoolId) -> None:
+        private = self._private[pool_id]
+        if private.owner_alive or any(b.pool.pool_id == pool_id for b in self._active.values()):
+            return  # _active holds allocated and pending-free blocks
+        for pool in (private.large, private.small):
+            self._release_pool_blocks(pool)
+        if not any(s.pool.pool_id == pool_id for s in self._segments.values()):
+            del self._private[pool_id]
+
+    def pool_ids(self) -> list[PoolId]:
+        """Return the ids of the private pools that still exist on this device."""
+        with self._lock:
+            return list(self._private)
+
     # ------------------------------------------------------------------ history, snapshots
     def record_history(
         self, enabled: EnabledMode | None, context: ContextMode | None, max_entries: int
@@ -660,51 +876,66 @@ class CachingAllocator:
         ring buffer.
         """
         with self._lock:
-            self._history = None if enabled is None else History(enabled, context, max_entries)
+            self._observer = None if enabled is None else History(enabled, context, max_entries)
 
-    def snapshot(self) -> tuple[list[SegmentInfo], list[TraceEntry]]:
-        """Return the segments (with blocks) and the history entries, in PyTorch's schema."""
+    def snapshot(self, pool_id: PoolId | None = None) -> tuple[list[SegmentInfo], list[TraceEntry]]:
+        """Return the segments (with blocks) and the history entries, in PyTorch's schema.
+
+        Parameters
+        ----------
+        pool_id : tuple of (int, int), optional
+            Only the segments of this pool ((0, 0): the default pools); all when None.
+
+        Notes
+        -----
+        An expandable segment appears as one segment per contiguous mapped range, with
+        ``is_expandable`` True; its unmapped blocks are left out, as PyTorch does.
+        """
         with self._lock:
             segments = []
             for segment, blocks in self.segments():
-                infos = [
-                    BlockInfo(
-                        address=b.address,
-                        size=b.size,
-                        requested_size=b.requested_size if b.allocated or b.event_count else 0,
-                        state=(
-                            "active_allocated"
-                            if b.allocated
-                            else "active_pending_free"
-                            if b.event_count
-                            else "inactive"
-                        ),
-                        frames=frames_to_dicts(b.frames),
-                    )
-                    for b in blocks
-                ]
-                segments.append(
-                    SegmentInfo(
-                        device=self.device_index,
-                        address=segment.address,
-                        total_size=segment.size,
-                        allocated_size=sum(b.size for b in blocks if b.allocated),
-                        active_size=sum(b.size for b in blocks if b.allocated or b.event_count),
-                        requested_size=sum(i["requested_size"] for i in infos),
-                        stream=segment.stream,
-                        segment_type="small" if segment.is_small else "large",
-                        segment_pool_id=(0, 0),
-                        is_expandable=False,
-                        frames=frames_to_dicts(segment.frames),
-                        blocks=infos,
-                    )
-                )
-            entries = self._history.to_entries() if self._history is not None else []
+                if pool_id is not None and segment.pool.pool_id != pool_id:
+                    continue
+                for run in _mapped_runs(blocks):
+                    segments.append(self._segment_info(segment, run))
+            entries = self._observer.to_entries() if self._observer is not None else []
             return segments, entries
+
+    def _segment_info(self, segment: AnySegment, blocks: list[Block]) -> SegmentInfo:
+        infos = [
+            BlockInfo(
+                address=b.address,
+                size=b.size,
+                requested_size=b.requested_size if b.allocated or b.event_count else 0,
+                state=(
+                    "active_allocated"
+                    if b.allocated
+                    else "active_pending_free"
+                    if b.event_count
+                    else "inactive"
+                ),
+                frames=frames_to_dicts(b.frames),
+            )
+            for b in blocks
+        ]
+        return SegmentInfo(
+            device=self.device_index,
+            address=blocks[0].address,
+            total_size=sum(b.size for b in blocks),
+            allocated_size=sum(b.size for b in blocks if b.allocated),
+            active_size=sum(b.size for b in blocks if b.allocated or b.event_count),
+            requested_size=sum(i["requested_size"] for i in infos),
+            stream=segment.stream,
+            segment_type="small" if segment.is_small else "large",
+            segment_pool_id=segment.pool.pool_id,
+            is_expandable=segment.is_expandable,
+            frames=frames_to_dicts(segment.frames),
+            blocks=infos,
+        )
 
     # ------------------------------------------------------------------ statistics
     def memory_stats(self) -> dict[str, int]:
-        """Return every statistic as ``memory_stats()`` flat keys (ALLOCATOR.md section 8)."""
+        """Return every statistic as ``memory_stats()`` flat keys (docs/allocator.md section 8)."""
         with self._lock:
             return self.stats.as_dict()
 
@@ -720,11 +951,15 @@ class CachingAllocator:
 
     @property
     def reserved_bytes(self) -> int:
-        """Bytes currently held from the device."""
+        """Bytes currently held from the device (ordinary segments and mapped pages)."""
         return self._reserved
 
-    def segments(self) -> list[tuple[Segment, list[Block]]]:
-        """Return each segment with its blocks in address order (for summaries and tests)."""
+    def segments(self) -> list[tuple[AnySegment, list[Block]]]:
+        """Return each segment with all its blocks in address order (unmapped ones included).
+
+        For summaries, snapshots and tests; an expandable segment's blocks tile its whole
+        reserved range.
+        """
         with self._lock:
             out = []
             for segment in sorted(self._segments.values(), key=lambda s: s.address):
@@ -736,11 +971,51 @@ class CachingAllocator:
                 out.append((segment, blocks))
             return out
 
-    def _block_at(self, address: int, segment: Segment) -> Block | None:
+    def _block_at(self, address: int, segment: AnySegment) -> Block | None:
         block = self._active.get(address)
-        if block is None:
-            block = (self._small if segment.is_small else self._large).get(address)
+        if block is None:  # allocated and pending-free blocks are in _active, free ones not
+            block = segment.pool.get(address)
         return block
+
+
+def _growable_size(block: Block) -> int:
+    """A free block's size plus the unmapped block after it: what it could grow to."""
+    following = block.next
+    if following is not None and not following.mapped:
+        return block.size + following.size
+    return block.size
+
+
+def _collectable(block: Block) -> bool:
+    """Whether garbage collection may release a free block: a whole ordinary segment."""
+    return not block.is_split() and not block.segment.is_expandable
+
+
+def _link_after(prev: Block | None, block: Block, following: Block | None = None) -> None:
+    """Put ``block`` between ``prev`` and ``following`` (default: what followed ``prev``)."""
+    if following is None and prev is not None:
+        following = prev.next
+    block.prev = prev
+    block.next = following
+    if prev is not None:
+        prev.next = block
+    if following is not None:
+        following.prev = block
+
+
+def _mapped_runs(blocks: list[Block]) -> list[list[Block]]:
+    """Split a segment's blocks into runs of mapped blocks (one per snapshot segment)."""
+    runs: list[list[Block]] = []
+    current: list[Block] = []
+    for block in blocks:
+        if block.mapped:
+            current.append(block)
+        elif current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    return runs
 
 
 def _as_size(value: Any) -> int:

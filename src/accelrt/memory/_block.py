@@ -1,39 +1,37 @@
-"""Segments, blocks and the pools of free blocks (ALLOCATOR.md section 1).
+"""Blocks and the pools of free blocks (docs/allocator.md sections 1 and 3).
 
-A *segment* is one raw device allocation; a *block* is a piece of one, linked to its neighbours
-by ``prev``/``next``. A ``BlockPool`` holds the free blocks of the small (<= 1 MiB) or the
-large pool, ordered by (stream, size, address): per stream, a sorted list of integer keys
-``size << 64 | address``, so a best-fit lookup is one ``bisect``.
+A *block* is a piece of a segment, linked to its neighbours by ``prev``/``next``. A
+``BlockPool`` holds the free blocks of one small (<= 1 MiB) or large pool, ordered by (stream,
+size, address): per stream, a sorted list of integer keys ``size << 64 | address``, so a
+best-fit lookup is one ``bisect``. It also holds the unmapped blocks of its expandable segments,
+ordered by (stream, address). Each private memory pool has a small and a large ``BlockPool`` of
+its own; ``pool_id`` says whose they are ((0, 0) for the device's default pools).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from ._history import RawFrames
+if TYPE_CHECKING:
+    from ._history import RawFrames
+    from ._segments import AnySegment
 
-__all__ = ["KEY_SHIFT", "Block", "BlockPool", "Segment"]
+__all__ = ["DEFAULT_POOL_ID", "KEY_SHIFT", "Block", "BlockPool", "PoolId"]
 
 KEY_SHIFT = 64
 _ADDRESS_MASK = (1 << KEY_SHIFT) - 1
-
-
-class Segment:
-    """One raw device allocation, owned by the stream whose request created it."""
-
-    __slots__ = ("address", "frames", "is_small", "size", "stream")
-
-    def __init__(self, address: int, size: int, stream: int, is_small: bool) -> None:
-        self.address = address
-        self.size = size
-        self.stream = stream
-        self.is_small = is_small
-        self.frames: RawFrames | None = None  # the stack that created it, when recorded
+PoolId = tuple[int, int]
+DEFAULT_POOL_ID: PoolId = (0, 0)
 
 
 class Block:
-    """A piece of a segment: allocated, pending free (waiting for events) or free (in a pool)."""
+    """A piece of a segment: allocated, pending free (waiting for events) or free.
+
+    A free block is in its pool; a block of an expandable segment may also be unmapped (no
+    memory behind its addresses yet), and then it is in its pool's unmapped set.
+    """
 
     __slots__ = (
         "address",
@@ -41,6 +39,7 @@ class Block:
         "event_count",
         "frames",
         "gc_count_base",
+        "mapped",
         "next",
         "pool",
         "prev",
@@ -52,7 +51,7 @@ class Block:
     )
 
     def __init__(
-        self, address: int, size: int, stream: int, pool: BlockPool, segment: Segment
+        self, address: int, size: int, stream: int, pool: BlockPool, segment: AnySegment
     ) -> None:
         self.address = address
         self.size = size
@@ -61,6 +60,7 @@ class Block:
         self.segment = segment
         self.requested_size = 0
         self.allocated = False
+        self.mapped = True
         self.event_count = 0
         self.stream_uses: set[int] | None = None
         self.prev: Block | None = None
@@ -72,27 +72,50 @@ class Block:
         """True if the block shares its segment with other blocks."""
         return self.prev is not None or self.next is not None
 
+    def is_free(self) -> bool:
+        """True if the block is neither allocated nor waiting for events (it may be unmapped)."""
+        return not self.allocated and self.event_count == 0 and not self.stream_uses
+
     def __repr__(self) -> str:
-        state = "allocated" if self.allocated else "free"
+        state = "allocated" if self.allocated else "free" if self.mapped else "unmapped"
         return f"Block(address={self.address:#x}, size={self.size}, stream={self.stream}, {state})"
 
 
 class BlockPool:
-    """The free blocks of one pool, ordered by (stream, size, address)."""
+    """The free blocks of one pool by (stream, size, address), and its unmapped blocks.
 
-    __slots__ = ("_blocks", "_keys", "get_free_blocks_call_count", "is_small")
+    Parameters
+    ----------
+    is_small : bool
+        Small pool (blocks <= 1 MiB) or large pool.
+    pool_id : tuple of (int, int)
+        (0, 0) for the device's default pools, a ``MemPool``'s id for a private pool.
+    """
 
-    def __init__(self, is_small: bool) -> None:
+    __slots__ = (
+        "_blocks",
+        "_keys",
+        "_unmapped",
+        "_unmapped_keys",
+        "get_free_blocks_call_count",
+        "is_small",
+        "pool_id",
+    )
+
+    def __init__(self, is_small: bool, pool_id: PoolId = DEFAULT_POOL_ID) -> None:
         self.is_small = is_small
+        self.pool_id = pool_id
         self._keys: dict[int, list[int]] = {}
         self._blocks: dict[int, Block] = {}
+        self._unmapped_keys: dict[int, list[int]] = {}
+        self._unmapped: dict[int, Block] = {}
         self.get_free_blocks_call_count = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
 
     def insert(self, block: Block) -> None:
-        """Add a free block; its garbage-collection age starts now."""
+        """Add a free mapped block; its garbage-collection age starts now."""
         block.gc_count_base = self.get_free_blocks_call_count
         keys = self._keys.get(block.stream)
         if keys is None:
@@ -101,14 +124,15 @@ class BlockPool:
         self._blocks[block.address] = block
 
     def remove(self, block: Block) -> None:
-        """Remove a free block."""
+        """Remove a free mapped block."""
         keys = self._keys[block.stream]
         del keys[bisect_left(keys, (block.size << KEY_SHIFT) | block.address)]
         del self._blocks[block.address]
 
     def get(self, address: int) -> Block | None:
-        """Return the free block starting at ``address``, if any."""
-        return self._blocks.get(address)
+        """Return the free block (mapped or not) starting at ``address``, if any."""
+        block = self._blocks.get(address)
+        return block if block is not None else self._unmapped.get(address)
 
     def lower_bound(self, stream: int, size: int) -> Block | None:
         """Return the smallest block on ``stream`` with size >= ``size`` (lowest address first)."""
@@ -120,15 +144,48 @@ class BlockPool:
             return None
         return self._blocks[keys[i] & _ADDRESS_MASK]
 
+    def candidates(self, stream: int, size: int) -> Iterator[Block]:
+        """Iterate over the blocks on ``stream`` of size >= ``size``, by (size, address)."""
+        keys = self._keys.get(stream, [])
+        for key in keys[bisect_left(keys, size << KEY_SHIFT) :]:
+            yield self._blocks[key & _ADDRESS_MASK]
+
     def stream_blocks(self, stream: int, *, descending: bool = False) -> list[Block]:
         """Return the blocks on ``stream`` by (size, address), or the reverse."""
         keys = self._keys.get(stream, [])
         ordered = reversed(keys) if descending else iter(keys)
         return [self._blocks[k & _ADDRESS_MASK] for k in ordered]
 
+    def stream_blocks_below(self, stream: int, size: int) -> list[Block]:
+        """Return the blocks on ``stream`` smaller than ``size``, by (size, address)."""
+        keys = self._keys.get(stream, [])
+        return [
+            self._blocks[k & _ADDRESS_MASK] for k in keys[: bisect_left(keys, size << KEY_SHIFT)]
+        ]
+
     def blocks(self) -> Iterator[Block]:
-        """Iterate over a snapshot of all blocks in (stream, size, address) order."""
+        """Iterate over a snapshot of all free mapped blocks in (stream, size, address) order."""
         ordered = [
             self._blocks[k & _ADDRESS_MASK] for s in sorted(self._keys) for k in self._keys[s]
         ]
         return iter(ordered)
+
+    # unmapped blocks of expandable segments, by (stream, address)
+    def insert_unmapped(self, block: Block) -> None:
+        """Add an unmapped block."""
+        insort(self._unmapped_keys.setdefault(block.stream, []), block.address)
+        self._unmapped[block.address] = block
+
+    def remove_unmapped(self, block: Block) -> None:
+        """Remove an unmapped block."""
+        keys = self._unmapped_keys[block.stream]
+        del keys[bisect_left(keys, block.address)]
+        del self._unmapped[block.address]
+
+    def unmapped_blocks(self, stream: int) -> list[Block]:
+        """Return the unmapped blocks on ``stream`` in address order."""
+        return [self._unmapped[a] for a in self._unmapped_keys.get(stream, [])]
+
+    def unmapped_count(self) -> int:
+        """Return how many unmapped blocks the pool holds."""
+        return len(self._unmapped)

@@ -1,8 +1,9 @@
-"""Memory history and snapshots in PyTorch's format (ALLOCATOR.md section 10).
+"""Memory history and snapshots in PyTorch's format (docs/allocator.md section 10).
 
 ``History`` is the per-device ring buffer behind ``record_memory_history``: one entry per
-allocator action with the Python stack that caused it. The ``TypedDict`` classes are the
-snapshot schema that ``memory_snapshot()`` returns and ``dump_snapshot`` pickles; the key names
+allocator action with the Python stack that caused it. It observes the allocator through one
+hook (:meth:`History.record`), so the allocator's hot path holds no history code. The
+``TypedDict`` classes are the snapshot schema that ``memory_snapshot()`` returns and ``dump_snapshot`` pickles; the key names
 are PyTorch's, so ``torch.cuda._memory_viz`` and pytorch.org/memory_viz read our files.
 
 Stacks are captured cheaply: the hot path keeps ``(code, line)`` pairs and turns them into
@@ -16,7 +17,11 @@ import sys
 import time
 from collections import deque
 from types import CodeType
-from typing import Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
+
+if TYPE_CHECKING:
+    from ._block import Block
+    from ._segments import AnySegment
 
 __all__ = [
     "SNAPSHOT_SCHEMA_VERSION",
@@ -161,10 +166,44 @@ class History:
         addr: int,
         size: int,
         stream: int,
-        frames: RawFrames | None = None,
+        owner: Block | AnySegment | None = None,
         device_free: int = 0,
     ) -> None:
-        """Append one entry (no-op in "state" mode)."""
+        """Observe one allocator action: the allocator's only history hook.
+
+        Parameters
+        ----------
+        action : str
+            "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+            "segment_map", "segment_unmap" or "oom".
+        addr, size, stream : int
+            The entry's address, bytes (the requested size for alloc and frees, the segment's
+            or mapped range's bytes for segment entries, the rounded request for "oom") and
+            stream handle.
+        owner : Block or segment, optional
+            The block allocated or freed, or the segment created: allocations and new
+            segments keep the stack that made them (for snapshots); completed frees drop it.
+        device_free : int
+            For "oom": the device's free bytes.
+
+        Notes
+        -----
+        Stacks are captured here, inside the allocator call, so they show the caller's frames.
+        In "state" mode no entry is kept, only the stacks of live blocks.
+        """
+        frames: RawFrames | None = None
+        if action == "free_completed":
+            if owner is not None:
+                owner.frames = None
+        elif self.stack_frees if action == "free_requested" else self.stack_allocs:
+            frames = capture_frames()
+            # a segment keeps the stack of its first mapping; frees keep none
+            if (
+                owner is not None
+                and action != "free_requested"
+                and (action != "segment_map" or owner.frames is None)
+            ):
+                owner.frames = frames
         if self.enabled == "all":
             now_us = time.time_ns() // 1000
             self.entries.append((action, addr, size, stream, now_us, frames, device_free))

@@ -21,8 +21,8 @@ from bisect import bisect_right, insort
 from dataclasses import dataclass
 from typing import Any
 
-from ..memory._allocator import K_SMALL_BUFFER, K_SMALL_SIZE, round_size
 from ..memory._config import AllocatorConfig
+from ..memory._policy import K_SMALL_BUFFER, K_SMALL_SIZE, round_size
 from ._format import Trace, TraceEvent, TraceFormatError
 
 __all__ = [
@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 _ALLOCATED_STATES = ("active_allocated", "active_pending_free")
+_FAILED_ADDR = 0
+"""The address of a request that ran out of memory (it never got one)."""
 _SEGMENT_ENTRIES = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 
 
@@ -365,6 +367,7 @@ def trace_from_snapshot(
     n_alloc = n_free = n_oom = 0
     capacity: int | None = None
     previous = ""
+    release_run: int | None = None  # events index of the latest release run's empty_cache
     for entry in entries:
         action = entry["action"]
         if action == "alloc":
@@ -372,9 +375,11 @@ def trace_from_snapshot(
             live[entry["addr"]] = entry["size"]
             live_bytes += entry["size"]
             peak_live = max(peak_live, live_bytes)
+            release_run = None
         elif action == "free_requested":
             events.append(TraceEvent("free", entry["addr"], entry["size"], entry.get("stream", 0)))
             live_bytes -= live.pop(entry["addr"], 0)
+            release_run = None
         elif action in ("segment_alloc", "segment_map"):
             n_alloc += 1
             reserved += entry["size"]
@@ -383,10 +388,19 @@ def trace_from_snapshot(
             n_free += 1
             reserved -= entry["size"]
             if previous not in ("segment_free", "segment_unmap"):
+                release_run = len(events)
                 events.append(TraceEvent("empty_cache", 0, 0, 0))
         elif action == "oom":
             n_oom += 1
             capacity = reserved + int(entry.get("device_free", 0))
+            # The request that failed: PyTorch records no alloc for it. A release run right
+            # before it (with no alloc or free between) was its last retry, not empty_cache().
+            failed = TraceEvent("alloc", _FAILED_ADDR, entry["size"], entry.get("stream", 0))
+            if release_run is not None:
+                events[release_run] = failed
+            else:
+                events.append(failed)
+            release_run = None
         previous = action
     recording = Recording(
         device=device,
