@@ -319,7 +319,8 @@ class CachingAllocator:
             start = unmapped
             if unmapped.prev is not None and unmapped.prev.is_free():
                 start = unmapped.prev
-            room, walk = 0, start
+            room = 0
+            walk: Block | None = start
             while room < size and walk is not None and walk.is_free():
                 room += walk.size
                 walk = walk.next
