@@ -4,7 +4,8 @@
 allocator action with the Python stack that caused it. It observes the allocator through one
 hook (:meth:`History.record`), so the allocator's hot path holds no history code. The
 ``TypedDict`` classes are the snapshot schema that ``memory_snapshot()`` returns and
-``dump_snapshot`` pickles; the key names are PyTorch's, so ``torch.cuda._memory_viz`` and pytorch.org/memory_viz read our files.
+``dump_snapshot`` pickles; the key names are PyTorch's, so ``torch.cuda._memory_viz`` and
+pytorch.org/memory_viz read our files.
 
 Stacks are captured cheaply: the hot path keeps ``(code, line)`` pairs and turns them into
 frame dicts only when a snapshot is taken.
