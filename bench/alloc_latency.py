@@ -46,11 +46,9 @@ def main() -> None:
     import pyopencl.tools as cl_tools
 
     import accelrt as acc
-    from accelrt import _runtime
 
     acc.backends.use("opencl")
-    backend, index = _runtime.resolve_device(0)
-    allocator = _runtime.get_allocator(backend, index)
+    allocator = acc.memory.get_allocator(0)
     size = args.size
 
     def public_pair() -> None:
@@ -59,7 +57,7 @@ def main() -> None:
     def internal_pair() -> None:
         allocator.free(allocator.malloc(size, 0))
 
-    queue = backend.queue(0, 0)  # type: ignore[attr-defined]
+    queue = allocator.backend.queue(0, 0)  # type: ignore[attr-defined]
     pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(queue))
 
     def peer_pair() -> None:

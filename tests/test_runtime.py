@@ -11,10 +11,18 @@ import pytest
 import accelrt as acc
 
 
-def test_public_surface_sorted_and_complete() -> None:
-    assert acc.__all__ == sorted(acc.__all__)
-    for name in acc.__all__:
-        assert getattr(acc, name).__doc__, f"{name} has no docstring"
+@pytest.mark.parametrize("module", [acc, acc.memory], ids=["accelrt", "accelrt.memory"])
+def test_public_surface_sorted_and_complete(module: object) -> None:
+    names = module.__all__  # type: ignore[attr-defined]
+    assert names == sorted(names)
+    for name in names:
+        assert getattr(module, name).__doc__, f"{name} has no docstring"
+
+
+def test_memory_is_one_home() -> None:
+    # the top level re-exports torch.accelerator's memory names from accelrt.memory
+    for name in ("empty", "memory_stats", "empty_cache", "Buffer", "AllocatorConfig"):
+        assert getattr(acc, name) is getattr(acc.memory, name)
 
 
 def test_import_initialises_no_driver() -> None:

@@ -14,6 +14,7 @@ Device(type='opencl', index=None)
 from __future__ import annotations
 
 from . import backends as backends
+from . import memory as memory
 from ._accelerator import current_accelerator as current_accelerator
 from ._accelerator import current_device_index as current_device_index
 from ._accelerator import device_count as device_count
@@ -28,32 +29,32 @@ from ._device import Device as Device
 from ._device import DeviceProperties as DeviceProperties
 from ._errors import AcceleratorError as AcceleratorError
 from ._errors import OutOfMemoryError as OutOfMemoryError
-from ._memory import copy_ as copy_
-from ._memory import empty as empty
-from ._memory import empty_cache as empty_cache
-from ._memory import get_memory_info as get_memory_info
-from ._memory import max_memory_allocated as max_memory_allocated
-from ._memory import max_memory_reserved as max_memory_reserved
-from ._memory import memory_allocated as memory_allocated
-from ._memory import memory_reserved as memory_reserved
-from ._memory import memory_stats as memory_stats
-from ._memory import record_stream as record_stream
-from ._memory import reset_accumulated_memory_stats as reset_accumulated_memory_stats
-from ._memory import reset_peak_memory_stats as reset_peak_memory_stats
-from ._memory import set_allocator_settings as set_allocator_settings
-from ._memory import set_per_process_memory_fraction as set_per_process_memory_fraction
-from ._snapshots import dump_snapshot as dump_snapshot
-from ._snapshots import memory_snapshot as memory_snapshot
-from ._snapshots import memory_summary as memory_summary
-from ._snapshots import record_memory_history as record_memory_history
 from ._stream import Event as Event
 from ._stream import Stream as Stream
 from ._stream import current_stream as current_stream
 from ._stream import set_stream as set_stream
 from ._units import format_bytes as format_bytes
 from ._units import parse_bytes as parse_bytes
-from .memory._buffer import Buffer as Buffer
-from .memory._config import AllocatorConfig as AllocatorConfig
+from .memory import AllocatorConfig as AllocatorConfig
+from .memory import Buffer as Buffer
+from .memory import copy_ as copy_
+from .memory import dump_snapshot as dump_snapshot
+from .memory import empty as empty
+from .memory import empty_cache as empty_cache
+from .memory import get_memory_info as get_memory_info
+from .memory import max_memory_allocated as max_memory_allocated
+from .memory import max_memory_reserved as max_memory_reserved
+from .memory import memory_allocated as memory_allocated
+from .memory import memory_reserved as memory_reserved
+from .memory import memory_snapshot as memory_snapshot
+from .memory import memory_stats as memory_stats
+from .memory import memory_summary as memory_summary
+from .memory import record_memory_history as record_memory_history
+from .memory import record_stream as record_stream
+from .memory import reset_accumulated_memory_stats as reset_accumulated_memory_stats
+from .memory import reset_peak_memory_stats as reset_peak_memory_stats
+from .memory import set_allocator_settings as set_allocator_settings
+from .memory import set_per_process_memory_fraction as set_per_process_memory_fraction
 
 __version__ = "0.1.0"
 
@@ -84,6 +85,7 @@ __all__ = [
     "is_available",
     "max_memory_allocated",
     "max_memory_reserved",
+    "memory",
     "memory_allocated",
     "memory_reserved",
     "memory_snapshot",

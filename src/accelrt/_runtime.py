@@ -1,9 +1,9 @@
-"""Runtime state: which backend is the accelerator, the current device, and the allocators.
+"""Runtime state: which backend is the accelerator, and the current device.
 
 The accelerator is chosen once per process, lazily: ``ACCELRT_BACKEND`` if set, else
 auto-detection (an OpenCL GPU, else the OpenCL CPU device); ``accelrt.backends.use(name)``
 switches it explicitly (the simulated backend is only ever chosen that way). The current device
-is per thread. One ``CachingAllocator`` per (backend, device), created on first allocation.
+is per thread. The allocators live in ``accelrt.memory`` (one per device).
 
 Every device argument of the top-level API goes through :func:`resolve_device`, the one
 normaliser (mirrors ``torch.accelerator._utils._get_device_index``).
@@ -19,25 +19,18 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ._device import Device, DeviceLike
 from .backends._base import Backend, get_backend
 
-if TYPE_CHECKING:
-    from .memory._allocator import CachingAllocator
-    from .memory._config import AllocatorConfig
-
 __all__ = [
     "accelerator",
-    "allocator_config",
     "device_count",
     "check_not_forked",
-    "get_allocator",
     "is_initialized",
-    "peek_allocator",
     "resolve_device",
-    "set_allocator_config",
+    "on_reset",
     "use",
 ]
 
@@ -47,8 +40,7 @@ NO_ACCELERATOR = "Cannot access accelerator device when none is available."
 
 _lock = threading.RLock()
 _chosen: list[Backend | None] = []  # empty until chosen; [None] when there is no accelerator
-_allocators: dict[tuple[str, int], CachingAllocator] = {}
-_config: list[AllocatorConfig] = []
+_reset_hooks: list[Callable[[], None]] = []
 _local = threading.local()
 _initialised: dict[str, int] = {}  # backend name -> pid of the process that initialised it
 _inherited: dict[str, int] = {}  # in a forked child: what the parent had initialised
@@ -261,61 +253,20 @@ def resolve_device(
     return backend, check_index(backend, index)
 
 
-def allocator_config() -> AllocatorConfig:
-    """Return the settings new allocators get (``ACCELRT_ALLOC_CONF`` until changed).
-
-    Raises
-    ------
-    ValueError
-        If ``ACCELRT_ALLOC_CONF`` is invalid.
-    """
-    from .memory._config import AllocatorConfig
-
-    with _lock:
-        if not _config:
-            _config.append(AllocatorConfig.from_env())
-        return _config[0]
-
-
-def set_allocator_config(config: AllocatorConfig) -> None:
-    """Apply ``config`` to every existing allocator and to those created later."""
-    with _lock:
-        _config[:] = [config]
-        for allocator in _allocators.values():
-            allocator.set_config(config)
-
-
-def get_allocator(backend: Backend, index: int) -> CachingAllocator:
-    """Return the allocator of a device, creating it on first use."""
-    allocator = _allocators.get((backend.name, index))
-    if allocator is not None:
-        return allocator
-    from .memory._allocator import CachingAllocator
-
-    with _lock:
-        allocator = _allocators.get((backend.name, index))
-        if allocator is None:
-            allocator = CachingAllocator(backend, index, allocator_config())
-            _allocators[(backend.name, index)] = allocator
-        return allocator
-
-
-def peek_allocator(backend: Backend, index: int) -> CachingAllocator | None:
-    """Return the allocator of a device if it exists; never creates one."""
-    return _allocators.get((backend.name, index))
+def on_reset(hook: Callable[[], None]) -> None:
+    """Have :func:`reset_state` call ``hook`` first (the memory registry forgets its allocators)."""
+    _reset_hooks.append(hook)
 
 
 def reset_state() -> None:
     """Forget the chosen accelerator, the allocators, the settings and this thread's devices.
 
-    Allocators are emptied first (memory still allocated stays with its buffers). For tests and
-    for programs that switch backends; not part of the public API.
+    The reset hooks run first (allocators are emptied; memory still allocated stays with its
+    buffers). For tests and for programs that switch backends; not part of the public API.
     """
     with _lock:
-        for allocator in _allocators.values():
-            allocator.empty_cache()
-        _allocators.clear()
+        for hook in _reset_hooks:
+            hook()
         _chosen.clear()
-        _config.clear()
         _initialised.clear()
         _local.__dict__.clear()

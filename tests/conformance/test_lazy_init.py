@@ -15,6 +15,7 @@ import pytest
 import accelrt as acc
 from accelrt import _runtime
 from accelrt.backends import _base
+from accelrt.memory import _registry
 
 RunPython = Callable[..., str]
 
@@ -54,7 +55,7 @@ def test_memory_api_before_first_use(fresh: str) -> None:
     acc.get_device_properties()
     acc.get_device_capability()
     assert acc.memory_stats() == {}
-    assert _runtime.peek_allocator(backend, 0) is None
+    assert _registry.peek_allocator(backend, 0) is None
     assert not _runtime.is_initialized(backend) and _driver_contexts(device) == 0
     free, total = acc.get_memory_info()  # the one memory function that initialises
     assert free == total == acc.get_device_properties().total_memory

@@ -11,7 +11,6 @@ import itertools
 import numpy as np
 
 import accelrt as acc
-from accelrt import _runtime
 
 
 def test_sim_has_two_devices_by_default(sim: str) -> None:
@@ -38,11 +37,10 @@ def test_allocations_land_on_the_current_device(two_devices: str) -> None:
 
 def test_pointers_of_different_devices_never_collide(two_devices: str) -> None:
     buffers = [acc.empty(3 << 20, device=i % 2) for i in range(8)]
-    backend = _runtime.require_accelerator()
     segments = sorted(
         (segment.address, segment.address + segment.size, index)
         for index in (0, 1)
-        for segment, _ in _runtime.get_allocator(backend, index).segments()
+        for segment, _ in acc.memory.get_allocator(index).segments()
     )
     assert {index for _, _, index in segments} == {0, 1} and len(
         segments

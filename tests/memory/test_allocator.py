@@ -8,8 +8,7 @@ import pytest
 
 import accelrt as acc
 from accelrt.backends.sim import SimBackend
-from accelrt.memory._allocator import CachingAllocator, round_size, segment_size
-from accelrt.memory._config import AllocatorConfig
+from accelrt.memory import AllocatorConfig, CachingAllocator, round_size, segment_size
 
 MiB = 1 << 20
 

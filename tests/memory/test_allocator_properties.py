@@ -6,9 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelrt.backends.sim import SimBackend
-from accelrt.memory._allocator import CachingAllocator
-from accelrt.memory._block import Block
-from accelrt.memory._config import AllocatorConfig
+from accelrt.memory import AllocatorConfig, Block, CachingAllocator
 
 MiB = 1 << 20
 SIZES = st.one_of(st.integers(1, 4096), st.integers(1, 2 * MiB), st.integers(MiB, 64 * MiB))

@@ -1,6 +1,89 @@
-"""The caching device allocator and everything about device memory.
+"""Device memory: the caching allocator, its pools, statistics, snapshots and settings.
 
-The public functions (``accelrt.empty``, ``accelrt.memory_stats``, ...) are re-exported at the
-top level; this package holds the machinery: ``CachingAllocator`` (one per device, generic over
-a backend's primitives), its blocks and pools, statistics, configuration and ``Buffer``.
+The public home of memory, as ``torch.accelerator.memory`` and ``rmm.mr`` are. The top-level
+``accelrt`` package re-exports the ``torch.accelerator`` names (``accelrt.empty``,
+``accelrt.memory_stats``, ...); everything else about memory lives here:
+
+- allocation and copies: :func:`empty`, :func:`copy_`, :func:`record_stream`, :class:`Buffer`;
+- private pools: :class:`MemPool`, :func:`use_mem_pool`;
+- statistics and the cache: :func:`memory_stats` (PyTorch's keys), :func:`memory_allocated`,
+  :func:`empty_cache`, ... and the summary table :func:`memory_summary`;
+- history and snapshots in PyTorch's format: :func:`record_memory_history`,
+  :func:`memory_snapshot`, :func:`dump_snapshot` and their ``TypedDict`` schemas;
+- settings: :class:`AllocatorConfig` (``ACCELRT_ALLOC_CONF``), :func:`set_allocator_settings`;
+- the machinery, for tools and replays: :func:`get_allocator` gives a device's
+  :class:`CachingAllocator` (one per device, generic over a backend's primitives), whose
+  ``malloc`` hands out :class:`Block` objects.
+
+docs/allocator.md describes the allocator's behaviour exactly.
 """
+
+from __future__ import annotations
+
+from ._allocator import CachingAllocator as CachingAllocator
+from ._api import copy_ as copy_
+from ._api import empty as empty
+from ._api import empty_cache as empty_cache
+from ._api import get_allocator as get_allocator
+from ._api import get_memory_info as get_memory_info
+from ._api import max_memory_allocated as max_memory_allocated
+from ._api import max_memory_reserved as max_memory_reserved
+from ._api import memory_allocated as memory_allocated
+from ._api import memory_reserved as memory_reserved
+from ._api import memory_stats as memory_stats
+from ._api import record_stream as record_stream
+from ._api import reset_accumulated_memory_stats as reset_accumulated_memory_stats
+from ._api import reset_peak_memory_stats as reset_peak_memory_stats
+from ._api import set_allocator_settings as set_allocator_settings
+from ._api import set_per_process_memory_fraction as set_per_process_memory_fraction
+from ._block import Block as Block
+from ._buffer import Buffer as Buffer
+from ._config import AllocatorConfig as AllocatorConfig
+from ._history import BlockInfo as BlockInfo
+from ._history import Frame as Frame
+from ._history import SegmentInfo as SegmentInfo
+from ._history import Snapshot as Snapshot
+from ._history import TraceEntry as TraceEntry
+from ._policy import round_size as round_size
+from ._policy import segment_size as segment_size
+from ._pool import MemPool as MemPool
+from ._pool import use_mem_pool as use_mem_pool
+from ._snapshots import dump_snapshot as dump_snapshot
+from ._snapshots import memory_snapshot as memory_snapshot
+from ._snapshots import memory_summary as memory_summary
+from ._snapshots import record_memory_history as record_memory_history
+
+__all__ = [
+    "AllocatorConfig",
+    "Block",
+    "BlockInfo",
+    "Buffer",
+    "CachingAllocator",
+    "Frame",
+    "MemPool",
+    "SegmentInfo",
+    "Snapshot",
+    "TraceEntry",
+    "copy_",
+    "dump_snapshot",
+    "empty",
+    "empty_cache",
+    "get_allocator",
+    "get_memory_info",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_summary",
+    "record_memory_history",
+    "record_stream",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "round_size",
+    "segment_size",
+    "set_allocator_settings",
+    "set_per_process_memory_fraction",
+    "use_mem_pool",
+]

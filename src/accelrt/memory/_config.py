@@ -1,6 +1,6 @@
 """Allocator configuration: ``ACCELRT_ALLOC_CONF`` and ``set_allocator_settings``.
 
-Same syntax as ``PYTORCH_ALLOC_CONF`` (ALLOCATOR.md section 11): ``key:value,key:[a:b,c:d]``,
+Same syntax as ``PYTORCH_ALLOC_CONF`` (docs/allocator.md section 11): ``key:value,key:[a:b,c:d]``,
 booleans ``True``/``False``. Unknown keys and bad values raise ``ValueError`` naming the key and
 the allowed range.
 """
@@ -146,6 +146,65 @@ class AllocatorConfig:
             return cls.parse(text)
         except ValueError as exc:
             raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
+
+    @classmethod
+    def from_torch_settings(cls, recorded: Mapping[str, Any] | None) -> AllocatorConfig:
+        """Translate a PyTorch snapshot's ``allocator_settings`` into a config.
+
+        Parameters
+        ----------
+        recorded : mapping or None
+            The snapshot's ``allocator_settings`` dict (``max_split_size`` in bytes, -1 for
+            unlimited; ``garbage_collection_threshold``; ``expandable_segments``;
+            ``roundup_power2_divisions`` as ``{"<MiB>": divisions}``). None or empty: the
+            defaults (a snapshot without settings ran on them).
+
+        Returns
+        -------
+        AllocatorConfig
+            Keys accelrt does not model (pinned memory, graph capture) are ignored; values of
+            the wrong type are treated as unset.
+
+        Raises
+        ------
+        ValueError
+            If a recorded value is out of the range PyTorch allows (a damaged snapshot).
+        """
+        if not recorded:
+            return cls()
+        parts = []
+        max_split = recorded.get("max_split_size", -1)
+        if isinstance(max_split, int) and 0 < max_split < (1 << 62):
+            parts.append(f"max_split_size_mb:{max_split // MiB}")
+        threshold = recorded.get("garbage_collection_threshold", 0.0)
+        if isinstance(threshold, (int, float)) and threshold > 0:
+            parts.append(f"garbage_collection_threshold:{threshold}")
+        if recorded.get("expandable_segments") is True:
+            parts.append("expandable_segments:True")
+        divisions = recorded.get("roundup_power2_divisions")
+        if isinstance(divisions, Mapping) and any(divisions.values()):
+            ordered = sorted((int(k), int(v)) for k, v in divisions.items())
+            parts.append(
+                "roundup_power2_divisions:[" + ",".join(f"{k}:{v}" for k, v in ordered) + "]"
+            )
+        return cls.parse(",".join(parts))
+
+    def to_torch_settings(self) -> dict[str, Any]:
+        """Return the settings as a snapshot's ``allocator_settings``, with PyTorch's keys.
+
+        What PyTorch's snapshot readers expect; :meth:`from_torch_settings` reads it back
+        (``per_process_memory_fraction``, which PyTorch does not record, is not kept).
+        """
+        return {
+            "ACCELRT_ALLOC_CONF": self.describe(),
+            "max_split_size": self.max_split_size if self.max_split_size is not None else -1,
+            "garbage_collection_threshold": self.garbage_collection_threshold,
+            "expandable_segments": self.expandable_segments,
+            "release_lock_on_malloc": self.release_lock_on_malloc,
+            "roundup_power2_divisions": {
+                str(1 << i): d for i, d in enumerate(self.roundup_power2_divisions)
+            },
+        }
 
     def roundup_divisions_for(self, size: int) -> int:
         """Return the power-of-two divisions that apply to a request of ``size`` bytes."""

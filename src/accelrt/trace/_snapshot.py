@@ -29,7 +29,6 @@ __all__ = [
     "BlockState",
     "Recording",
     "SegmentState",
-    "allocator_settings",
     "devices_with_history",
     "read_snapshot",
     "trace_from_snapshot",
@@ -157,30 +156,6 @@ class Recording:
     num_ooms: int
     capacity_bytes: int | None
     inconsistent_events: int
-
-
-def allocator_settings(recorded: dict[str, Any] | None) -> AllocatorConfig:
-    """Translate a snapshot's ``allocator_settings`` into an ``AllocatorConfig``.
-
-    Returns the defaults for None (a snapshot without settings ran on the defaults). Keys
-    accelrt does not model (pinned memory, graph capture) are ignored.
-    """
-    if not recorded:
-        return AllocatorConfig()
-    parts = []
-    max_split = recorded.get("max_split_size", -1)
-    if isinstance(max_split, int) and max_split > 0 and max_split < (1 << 62):
-        parts.append(f"max_split_size_mb:{max_split >> 20}")
-    threshold = recorded.get("garbage_collection_threshold", 0.0)
-    if isinstance(threshold, (int, float)) and threshold > 0:
-        parts.append(f"garbage_collection_threshold:{threshold}")
-    if recorded.get("expandable_segments"):
-        parts.append("expandable_segments:True")
-    divisions = recorded.get("roundup_power2_divisions")
-    if isinstance(divisions, dict) and any(divisions.values()):
-        ordered = sorted((int(k), int(v)) for k, v in divisions.items())
-        parts.append("roundup_power2_divisions:[" + ",".join(f"{k}:{v}" for k, v in ordered) + "]")
-    return AllocatorConfig.parse(",".join(parts))
 
 
 class _Rewind:
@@ -334,7 +309,7 @@ def trace_from_snapshot(
     if not 0 <= device < len(traces):
         raise TraceFormatError(f"{where}: device index {device} is out of range [0, {len(traces)})")
     entries = traces[device]
-    settings = allocator_settings(snapshot.get("allocator_settings"))
+    settings = AllocatorConfig.from_torch_settings(snapshot.get("allocator_settings"))
     end_segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
     reserved_end = sum(s["total_size"] for s in end_segments)
     grown = sum(e["size"] for e in entries if e["action"] in ("segment_alloc", "segment_map"))

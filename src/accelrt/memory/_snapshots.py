@@ -3,7 +3,7 @@
 Mirrors ``torch.cuda.memory._record_memory_history``, ``torch.cuda.memory._snapshot``,
 ``torch.cuda.memory._dump_snapshot`` and ``torch.cuda.memory_summary``; the snapshot's keys are
 PyTorch's, so ``torch.cuda._memory_viz`` and pytorch.org/memory_viz read what
-``dump_snapshot`` writes (ALLOCATOR.md section 10).
+``dump_snapshot`` writes (docs/allocator.md section 10).
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from typing import Any
 
-from . import _runtime
-from ._device import DeviceLike
-from .memory._config import AllocatorConfig
-from .memory._history import SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
-from .memory._summary import format_summary
+from .. import _runtime
+from .._device import DeviceLike
+from . import _registry
+from ._history import SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
+from ._summary import format_summary
 
 __all__ = ["dump_snapshot", "memory_snapshot", "memory_summary", "record_memory_history"]
 
@@ -71,25 +70,11 @@ def record_memory_history(
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
         raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
     backend, index = _runtime.resolve_device(device)
-    _runtime.get_allocator(backend, index).record_history(
+    _registry.get_allocator(backend, index).record_history(
         enabled,  # type: ignore[arg-type]
         context,  # type: ignore[arg-type]
         max_entries,
     )
-
-
-def _settings_dict(config: AllocatorConfig) -> dict[str, Any]:
-    """``allocator_settings`` with PyTorch's keys (what its snapshot reader expects)."""
-    return {
-        "ACCELRT_ALLOC_CONF": config.describe(),
-        "max_split_size": config.max_split_size if config.max_split_size is not None else -1,
-        "garbage_collection_threshold": config.garbage_collection_threshold,
-        "expandable_segments": config.expandable_segments,
-        "release_lock_on_malloc": config.release_lock_on_malloc,
-        "roundup_power2_divisions": {
-            str(1 << i): d for i, d in enumerate(config.roundup_power2_divisions)
-        },
-    }
 
 
 def memory_snapshot() -> Snapshot:
@@ -117,7 +102,7 @@ def memory_snapshot() -> Snapshot:
     segments = []
     traces: list[list[TraceEntry]] = []
     for index in range(backend.device_count()):
-        allocator = _runtime.peek_allocator(backend, index)
+        allocator = _registry.peek_allocator(backend, index)
         if allocator is None:
             traces.append([])
             continue
@@ -127,7 +112,7 @@ def memory_snapshot() -> Snapshot:
     return Snapshot(
         segments=segments,
         device_traces=traces,
-        allocator_settings=_settings_dict(_runtime.allocator_config()),
+        allocator_settings=_registry.allocator_config().to_torch_settings(),
         accelrt_schema_version=SNAPSHOT_SCHEMA_VERSION,
     )
 
@@ -181,6 +166,6 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
     Mirrors ``torch.cuda.memory_summary``.
     """
     backend, index = _runtime.resolve_device(device, init=False)
-    allocator = _runtime.peek_allocator(backend, index)
+    allocator = _registry.peek_allocator(backend, index)
     stats = allocator.memory_stats() if allocator is not None else {}
     return format_summary(stats, f"{backend.name}:{index}", abbreviated=abbreviated)

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _runtime
-from ._device import DeviceLike
-from ._stream import Stream, current_stream
-from .memory._allocator import CachingAllocator, _as_size
-from .memory._buffer import Buffer
-from .memory._config import AllocatorConfig
+from .. import _runtime
+from .._device import DeviceLike
+from .._stream import Stream, current_stream
+from . import _registry
+from ._allocator import CachingAllocator, _as_size
+from ._buffer import Buffer
+from ._config import AllocatorConfig
 
 __all__ = [
     "copy_",
     "empty",
     "empty_cache",
+    "get_allocator",
     "get_memory_info",
     "max_memory_allocated",
     "max_memory_reserved",
@@ -91,7 +93,7 @@ def empty(nbytes: int, *, device: DeviceLike = None, stream: Stream | None = Non
                 )
     if nbytes == 0:
         return Buffer(None, None, 0, stream)
-    allocator = _runtime.get_allocator(backend, index)
+    allocator = _registry.get_allocator(backend, index)
     return Buffer(allocator, allocator.malloc(nbytes, stream._handle), nbytes, stream)
 
 
@@ -198,10 +200,35 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     return dst
 
 
+def get_allocator(device: DeviceLike = None) -> CachingAllocator:
+    """Return the caching allocator of a device, creating it on first use.
+
+    Parameters
+    ----------
+    device : int, str, Device or None
+        The device; None for the current device.
+
+    Returns
+    -------
+    CachingAllocator
+        The one allocator of that device (its ``malloc``/``free`` take backend stream
+        handles); for tools, replays and benchmarks that work below ``empty``.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no accelerator.
+    TypeError, ValueError
+        For a bad device argument, or an invalid ``ACCELRT_ALLOC_CONF``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    return _registry.get_allocator(backend, index)
+
+
 def _existing_allocator(device: DeviceLike) -> CachingAllocator | None:
     """The device's allocator if it exists; never creates one (nor initialises a driver)."""
     backend, index = _runtime.resolve_device(device, init=False)
-    return _runtime.peek_allocator(backend, index)
+    return _registry.peek_allocator(backend, index)
 
 
 def _stats_of(device: DeviceLike) -> dict[str, int]:
@@ -221,7 +248,7 @@ def memory_stats(device: DeviceLike = None) -> dict[str, int]:
     -------
     dict of str to int
         Flat keys ``<stat>.<pool>.<metric>`` sorted (``allocated_bytes.all.current``, ...; see
-        ALLOCATOR.md section 8). Empty before the device's allocator exists.
+        docs/allocator.md section 8). Empty before the device's allocator exists.
 
     Raises
     ------
@@ -326,7 +353,7 @@ def set_per_process_memory_fraction(fraction: float, device: DeviceLike = None) 
     without asking the device. Mirrors ``torch.cuda.set_per_process_memory_fraction``.
     """
     backend, index = _runtime.resolve_device(device)
-    _runtime.get_allocator(backend, index).set_memory_fraction(fraction)
+    _registry.get_allocator(backend, index).set_memory_fraction(fraction)
 
 
 def get_memory_info(device: DeviceLike = None) -> tuple[int, int]:
@@ -361,5 +388,5 @@ def set_allocator_settings(settings: str) -> None:
     Applies to every existing allocator and to later ones. Mirrors
     ``torch._C._accelerator_setAllocatorSettings``.
     """
-    config = AllocatorConfig.parse(settings, base=_runtime.allocator_config())
-    _runtime.set_allocator_config(config)
+    config = AllocatorConfig.parse(settings, base=_registry.allocator_config())
+    _registry.set_allocator_config(config)
