@@ -846,7 +846,10 @@ class CachingAllocator:
                 del self._routes[ident]
 
     def release_pool(self, pool_id: PoolId) -> None:
-        """The pool's owner is gone: release its memory now, or when its last block is freed."""
+        """The pool's owner is gone: release what it caches now, the rest as its blocks are freed.
+
+        The pool's id is forgotten once it holds no segment.
+        """
         with self._lock:
             private = self._private.get(pool_id)
             if private is not None:
@@ -855,9 +858,9 @@ class CachingAllocator:
 
     def _release_if_abandoned(self, pool_id: PoolId) -> None:
         private = self._private[pool_id]
-        if private.owner_alive or any(b.pool.pool_id == pool_id for b in self._active.values()):
-            return  # _active holds allocated and pending-free blocks
-        for pool in (private.large, private.small):
+        if private.owner_alive:
+            return
+        for pool in (private.large, private.small):  # nothing can allocate from it any more
             self._release_pool_blocks(pool)
         if not any(s.pool.pool_id == pool_id for s in self._segments.values()):
             del self._private[pool_id]

@@ -1,0 +1,126 @@
+"""Private memory pools: MemPool and use_mem_pool (mirror torch.cuda.MemPool)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+import accelrt as acc
+from accelrt.memory import MemPool, use_mem_pool
+
+MiB = 1 << 20
+
+
+def test_allocations_inside_go_to_the_pool_and_are_reused_only_there(device: str) -> None:
+    pool = MemPool()
+    with use_mem_pool(pool):
+        inside = acc.empty(MiB)
+    outside = acc.empty(MiB)  # a segment of its own: the pool's cached block is not used
+    assert pool.memory_reserved() == 2 * MiB and pool.memory_allocated() == MiB
+    assert acc.memory_reserved() == 4 * MiB  # device-wide stats count every pool
+    address = inside.ptr
+    inside.free()  # after the context: back to its own pool
+    again = acc.empty(MiB)
+    assert again.ptr != address
+    with use_mem_pool(pool):
+        reused = acc.empty(MiB)
+    assert reused.ptr == address
+    snapshot_ids = {s["segment_pool_id"] for s in acc.memory_snapshot()["segments"]}
+    assert snapshot_ids == {(0, 0), pool.id}
+    assert [s["segment_pool_id"] for s in pool.snapshot()] == [pool.id]
+    for buf in (outside, again, reused):
+        buf.free()
+
+
+def test_empty_cache_releases_what_a_pool_caches(device: str) -> None:
+    pool = MemPool()
+    with use_mem_pool(pool):
+        acc.empty(3 * MiB).free()
+    assert pool.memory_reserved() == 20 * MiB
+    acc.empty_cache()
+    assert pool.memory_reserved() == 0 and acc.memory_reserved() == 0
+
+
+def test_pool_memory_is_released_when_the_pool_and_its_blocks_are_gone(device: str) -> None:
+    pool = MemPool()
+    with use_mem_pool(pool):
+        kept = acc.empty(5 * MiB)
+        acc.empty(MiB).free()
+    assert acc.memory_reserved() == 22 * MiB
+    del pool
+    gc.collect()
+    assert acc.memory_reserved() == 20 * MiB  # the free small segment went at once
+    kept.free()  # works: the block keeps its pool alive until now
+    assert acc.memory_reserved() == 0
+    assert acc.memory_stats()["num_device_free"] == 2
+
+
+def test_pools_are_per_thread(sim: str) -> None:
+    pool = MemPool()
+    seen: list[tuple[int, int]] = []
+    blocks: list[acc.Buffer] = []
+
+    def other_thread() -> None:
+        buf = acc.empty(MiB, device=0)
+        blocks.append(buf)
+        seen.append(buf.block.pool.pool_id)
+
+    with use_mem_pool(pool):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        mine = acc.empty(MiB)
+    assert seen == [(0, 0)] and mine.block.pool.pool_id == pool.id
+    for buf in (*blocks, mine):
+        buf.free()
+
+
+def test_nested_pools(sim: str) -> None:
+    outer, inner = MemPool(), MemPool()
+    with use_mem_pool(outer):
+        a = acc.empty(100)
+        with use_mem_pool(inner):
+            b = acc.empty(100)
+        c = acc.empty(100)
+    assert [x.block.pool.pool_id for x in (a, b, c)] == [outer.id, inner.id, outer.id]
+    assert inner.id[0] == 0 and inner.id[1] == outer.id[1] + 1
+    for buf in (a, b, c):
+        buf.free()
+
+
+def test_a_pool_belongs_to_one_device(sim: str) -> None:
+    pool = MemPool()
+    with use_mem_pool(pool, device=0):
+        buf = acc.empty(100, device=0)
+        other = acc.empty(100, device=1)  # other devices keep their default pool
+    assert pool.device == acc.Device("sim", 0) and other.block.pool.pool_id == (0, 0)
+    with pytest.raises(ValueError, match=r"belongs to device sim:0; it cannot be used on sim:1"):
+        with use_mem_pool(pool, device=1):
+            pass
+    with use_mem_pool(pool, device=0):  # still usable on its device afterwards
+        again = acc.empty(100, device=0)
+    assert again.block.pool.pool_id == pool.id
+    for b in (buf, other, again):
+        b.free()
+
+
+def test_bad_arguments(sim: str) -> None:
+    with pytest.raises(TypeError, match="takes an accelrt.memory.MemPool"):
+        with use_mem_pool("pool"):  # type: ignore[arg-type]
+            pass
+    assert MemPool().snapshot() == [] and MemPool().device is None
+
+
+def test_expandable_segments_in_a_pool(sim: str) -> None:
+    acc.set_allocator_settings("expandable_segments:True")
+    pool = MemPool()
+    with use_mem_pool(pool):
+        buf = acc.empty(30 * MiB)
+    plain = acc.empty(30 * MiB)
+    [segment] = pool.snapshot()
+    assert segment["is_expandable"] and segment["total_size"] == 40 * MiB
+    assert plain.ptr - buf.ptr != 30 * MiB  # two expandable segments, one per pool
+    buf.free()
+    plain.free()
