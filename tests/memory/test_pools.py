@@ -96,9 +96,11 @@ def test_a_pool_belongs_to_one_device(sim: str) -> None:
         buf = acc.empty(100, device=0)
         other = acc.empty(100, device=1)  # other devices keep their default pool
     assert pool.device == acc.Device("sim", 0) and other.block.pool.pool_id == (0, 0)
-    with pytest.raises(ValueError, match=r"belongs to device sim:0; it cannot be used on sim:1"):
-        with use_mem_pool(pool, device=1):
-            pass
+    with (
+        pytest.raises(ValueError, match=r"belongs to device sim:0; it cannot be used on sim:1"),
+        use_mem_pool(pool, device=1),
+    ):
+        pass
     with use_mem_pool(pool, device=0):  # still usable on its device afterwards
         again = acc.empty(100, device=0)
     assert again.block.pool.pool_id == pool.id
@@ -107,9 +109,11 @@ def test_a_pool_belongs_to_one_device(sim: str) -> None:
 
 
 def test_bad_arguments(sim: str) -> None:
-    with pytest.raises(TypeError, match="takes an accelrt.memory.MemPool"):
-        with use_mem_pool("pool"):  # type: ignore[arg-type]
-            pass
+    with (
+        pytest.raises(TypeError, match=r"takes an accelrt\.memory\.MemPool"),
+        use_mem_pool("pool"),  # type: ignore[arg-type]
+    ):
+        pass
     assert MemPool().snapshot() == [] and MemPool().device is None
 
 
