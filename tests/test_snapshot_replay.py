@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 import accelrt as acc
 from accelrt import cli
+from accelrt.memory import SegmentInfo
 from accelrt.replay import replay
 from accelrt.trace import load
 from accelrt.view import render_html, segment_text, view_of_snapshot
@@ -70,6 +72,66 @@ def test_snapshot_replays_exactly_from_its_rewound_start(tmp_path: Path) -> None
         for s in sorted(snapshot["segments"], key=lambda s: s["address"])  # type: ignore
     ]
     assert layout == expected  # every segment and block where PyTorch-format history put it
+
+
+@pytest.mark.parametrize(
+    "settings",
+    ["expandable_segments:True", "expandable_segments:True,max_split_size_mb:40", ""],
+)
+def test_random_mid_run_recordings_replay_exactly(tmp_path: Path, settings: str) -> None:
+    acc.backends.use("sim")
+    acc.set_allocator_settings(settings)
+    rng = random.Random(settings)
+    streams = [acc.current_stream(), acc.Stream()]
+    live: list[acc.Buffer] = []
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            roll = rng.random()
+            if roll < 0.5 or not live:
+                size = rng.choice([rng.randint(1, 1 << 20), rng.randint(1 << 20, 80 * MiB)])
+                live.append(acc.empty(size, stream=rng.choice(streams)))
+            elif roll < 0.97:
+                live.pop(rng.randrange(len(live))).free()
+            else:
+                acc.empty_cache()
+
+    run(400)  # state before recording: live blocks, cached and unmapped pages
+    acc.reset_peak_memory_stats()
+    acc.record_memory_history()
+    run(600)
+    path = tmp_path / "run.pickle"
+    acc.dump_snapshot(path)
+    recorded_peak = acc.max_memory_reserved()
+    trace = load(path)
+    assert trace.recording is not None and trace.recording.inconsistent_events == 0
+    assert trace.recording.reserved_at_start_bytes > 0
+    last = len(trace.events) - 1
+    report = replay(trace, capture_at=[last])
+    assert report.peak_reserved_bytes == report.recorded_peak_reserved_bytes == recorded_peak
+    assert report.num_device_alloc == report.recorded_num_device_alloc
+
+    def layout(segments: list[SegmentInfo]) -> list[tuple[object, ...]]:
+        # per (stream, pool): each range's offset from the first, bytes and blocks
+        first: dict[tuple[int, str], int] = {}
+        for s in sorted(segments, key=lambda s: s["address"]):
+            first.setdefault((s["stream"], s["segment_type"]), s["address"])
+        return sorted(
+            (
+                s["stream"],
+                s["segment_type"],
+                s["address"] - first[(s["stream"], s["segment_type"])],
+                s["total_size"],
+                [(b["size"], b["state"]) for b in s["blocks"]],
+            )
+            for s in segments
+        )
+
+    # every range and block where the recording had it (the ranges' base addresses may
+    # differ: an unlimited simulated device reserves more address space than the GPU did)
+    assert layout(report.segment_maps[last]) == layout(acc.memory_snapshot()["segments"])
+    for buf in live:
+        buf.free()
 
 
 def _pytorch_style_snapshot() -> dict[str, object]:

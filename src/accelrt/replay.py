@@ -154,8 +154,10 @@ def _open_device(
             capacity = recording.capacity_bytes or UNLIMITED_CAPACITY
         sim = SimBackend(device_count=index + 1, capacity=capacity)
         if recording is not None:
-            starts = ((s.address, s.size) for s in recording.start_segments)
-            sim.plan_addresses(index, [*starts, *recording.segment_addresses])
+            starts = recording.start_segments
+            fixed = [(s.address, s.size) for s in starts if not s.is_expandable]
+            sim.plan_addresses(index, [*fixed, *recording.segment_addresses])
+            sim.plan_reservations(index, [s.address for s in starts if s.is_expandable])
         return sim, index
     if capacity is not None:
         raise ValueError(
@@ -244,8 +246,11 @@ def replay(
                     segment.size,
                     handle_of(segment.stream),
                     [(b.size, b.requested_size) for b in segment.blocks],
+                    is_small=segment.is_small,
+                    expandable=segment.is_expandable,
                 )
-                blocks.update((b.address, b) for b in restored)
+                recorded = [b.address for b in segment.blocks if b.requested_size > 0]
+                blocks.update(zip(recorded, restored, strict=True))  # the trace frees them by these
             allocator.reset_accumulated_memory_stats()  # count what the trace itself does
         captures = frozenset(capture_at)
         segment_maps: dict[int, list[SegmentInfo]] = {}

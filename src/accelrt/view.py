@@ -220,7 +220,7 @@ def view_of_trace(
             {"action": "live", "addr": b.address, "size": b.requested_size, "stream": s.stream}
             for s in trace.recording.start_segments
             for b in s.blocks
-            if b.requested_size
+            if b.requested_size > 0
         ] + entries
     indices = _moment_indices(len(trace.events), moments)
     report = replay(trace, device="sim", config=config, capture_at=indices)

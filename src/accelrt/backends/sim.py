@@ -113,6 +113,7 @@ class _SimDevice:
         "next_address",
         "physical_index",
         "planned",
+        "planned_reservations",
         "reservations",
         "sizes",
     )
@@ -127,6 +128,7 @@ class _SimDevice:
         self.backing: dict[int, bytearray] = {}
         self.planned: dict[int, deque[int]] = {}  # size -> addresses to hand out first
         self.reservations: dict[int, _Reservation] = {}  # base -> range (also in bases/sizes)
+        self.planned_reservations: deque[int] = deque()  # vm_reserve hands these out first
 
     def bump(self, nbytes: int) -> int:
         """Return the next free 2 MiB-aligned address for ``nbytes`` and move past it."""
@@ -241,6 +243,14 @@ class SimBackend:
         for address, nbytes in allocations:
             planned.setdefault(nbytes, deque()).append(address)
 
+    def plan_reservations(self, index: int, addresses: Iterable[int]) -> None:
+        """Have the next ``vm_reserve`` calls return these addresses, in order, where free.
+
+        For exact replays of recordings made with expandable segments (docs/allocator.md
+        section 13): the ranges a recording's segments sat in.
+        """
+        self._devices[index].planned_reservations.extend(addresses)
+
     def _next_planned(self, dev: _SimDevice, nbytes: int) -> int | None:
         queue = dev.planned.get(nbytes)
         while queue:
@@ -290,7 +300,13 @@ class SimBackend:
         if nbytes <= 0 or nbytes % VM_GRANULARITY:
             raise ValueError(f"sim:{index}: reserve {nbytes} bytes: not a multiple of 2 MiB")
         dev = self._devices[index]
-        ptr = dev.bump(nbytes)
+        ptr = None
+        while dev.planned_reservations and ptr is None:
+            ptr = dev.planned_reservations.popleft()
+            if dev.overlap_end(ptr, nbytes) is not None:
+                ptr = None
+        if ptr is None:
+            ptr = dev.bump(nbytes)
         bisect.insort(dev.bases, ptr)
         dev.sizes[ptr] = nbytes
         dev.reservations[ptr] = _Reservation(nbytes)

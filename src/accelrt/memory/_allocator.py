@@ -15,6 +15,7 @@ pairs of free lists of their own. History is an observer behind one hook (``_obs
 
 from __future__ import annotations
 
+import itertools
 import operator
 import threading
 import warnings
@@ -436,19 +437,31 @@ class CachingAllocator:
             stats.oversize_allocations.increase(1)
 
     def restore_segment(
-        self, size: int, stream: int, blocks: Sequence[tuple[int, int]]
+        self,
+        size: int,
+        stream: int,
+        blocks: Sequence[tuple[int, int]],
+        *,
+        is_small: bool | None = None,
+        expandable: bool = False,
     ) -> list[Block]:
-        """Recreate an ordinary segment as a recording had it: for replays that start mid-run.
+        """Recreate a segment as a recording had it: for replays that start mid-run.
 
         Parameters
         ----------
         size : int
-            Segment bytes; 2 MiB makes a small-pool segment, anything else a large-pool one
-            (PyTorch's segment sizes never overlap).
+            The bytes the blocks cover. An ordinary segment of 2 MiB is a small-pool one.
         stream : int
             The stream handle that owns the segment and all its blocks.
         blocks : sequence of (block_bytes, requested_bytes)
-            The segment's blocks in address order; ``requested_bytes`` 0 marks a free block.
+            The blocks in address order; ``requested_bytes`` 0 marks a free block and -1 an
+            unmapped stretch of an expandable segment (whole pages).
+        is_small : bool, optional
+            The pool; default: small for a 2 MiB ordinary segment. Required for expandable.
+        expandable : bool
+            Recreate part of an expandable segment: a new reserved range (on the simulated
+            device, where ``SimBackend.plan_reservations`` put it) whose first ``size`` bytes
+            are these blocks, the rest unmapped; the mapped blocks are mapped.
 
         Returns
         -------
@@ -458,52 +471,107 @@ class CachingAllocator:
         Raises
         ------
         ValueError
-            If the block sizes are not positive multiples of 512 summing to ``size``, or two
-            free blocks are adjacent (the allocator would have merged them); nothing changes.
+            If the block sizes are not positive multiples of 512 summing to ``size``, two
+            free or two unmapped blocks are adjacent (the allocator would have merged them),
+            unmapped stretches are not whole pages, ``is_small`` is missing for an expandable
+            segment, or the backend has no virtual memory for one; nothing changes.
         OutOfMemoryError
             If the device cannot hold the segment.
 
         Notes
         -----
-        The segment comes from the memory source like any other (a simulated device can be
-        told which address to return, see ``SimBackend.plan_addresses``) and counts in the
-        statistics as a device allocation. docs/allocator.md section 13.
+        The memory counts in the statistics as device allocations (one per ordinary segment
+        or mapped range). docs/allocator.md section 13.
         """
         sizes = [b for b, _ in blocks]
+        states = [min(r, 1) for _, r in blocks]
         if any(b <= 0 or b % K_MIN_BLOCK_SIZE for b in sizes) or sum(sizes) != size:
             raise ValueError(
                 f"blocks {sizes} must be positive multiples of {K_MIN_BLOCK_SIZE} bytes summing "
                 f"to the segment's {size} bytes"
             )
-        if any(blocks[i][1] == 0 == blocks[i + 1][1] for i in range(len(blocks) - 1)):
-            raise ValueError("two free blocks are adjacent: the allocator would have merged them")
+        if any(states[i] == states[i + 1] < 1 for i in range(len(states) - 1)):
+            raise ValueError("two free or unmapped blocks are adjacent: they would have merged")
+        if expandable and (is_small is None or not self._source.supports_expandable):
+            raise ValueError(
+                "an expandable segment needs is_small and a backend with virtual memory"
+            )
+        if not expandable and -1 in states:
+            raise ValueError("only an expandable segment has unmapped blocks")
         with self._lock:
-            pool = self._small if size == K_SMALL_BUFFER else self._large
-            expandable, self._expandable = self._expandable, False
+            if expandable:
+                assert is_small is not None
+                pool = self._small if is_small else self._large
+                return self._restore_expandable(pool, stream, list(blocks))
+            if is_small is None:
+                is_small = size == K_SMALL_BUFFER
+            pool = self._small if is_small else self._large
+            expandable_on, self._expandable = self._expandable, False
             try:
                 first = self._grow(pool, size, size, stream, is_retry=False)
             finally:
-                self._expandable = expandable
+                self._expandable = expandable_on
             if first is None:
                 raise self._out_of_memory(size, size, size, stream)
-            segment, stats, is_small = first.segment, self.stats, pool.is_small
-            chain: list[Block] = []
-            address = segment.address
-            for block_bytes, requested in blocks:
-                block = Block(address, block_bytes, stream, pool, segment)
-                if chain:
-                    block.prev, chain[-1].next = chain[-1], block
-                chain.append(block)
-                address += block_bytes
-                if requested:
-                    self._mark_allocated(block, requested)
-            for block in chain:
-                if not block.allocated:
-                    pool.insert(block)
-                    if block.is_split():
-                        stats.inactive_split.increase(is_small, 1)
-                        stats.inactive_split_bytes.increase(is_small, block.size)
+            chain = self._lay_out(first.segment, first.address, blocks)
             return [block for block in chain if block.allocated]
+
+    def _restore_expandable(
+        self, pool: BlockPool, stream: int, blocks: list[tuple[int, int]]
+    ) -> list[Block]:
+        segment = self._source.reserve(stream, pool)
+        span = sum(b for b, _ in blocks)
+        offsets = itertools.accumulate((b for b, _ in blocks), initial=0)
+        page = segment.page_size
+        unaligned = [
+            o
+            for o, (b, r) in zip(offsets, blocks, strict=False)
+            if r < 0 and (o % page or b % page)
+        ]
+        if span > segment.size or unaligned:
+            segment.release()
+            raise ValueError(
+                f"expandable blocks {[b for b, _ in blocks]} do not fit a {segment.size}-byte "
+                f"reserved range in whole {segment.page_size}-byte pages"
+            )
+        self._segments[segment.address] = segment
+        if span < segment.size:
+            blocks = [*blocks, (segment.size - span, -1)]
+        chain = self._lay_out(segment, segment.address, blocks)
+        for run in _mapped_runs(chain):  # whole pages: unmapped stretches are
+            nbytes = sum(b.size for b in run)
+            if not segment.map(run[0].address, nbytes):
+                raise self._out_of_memory(nbytes, nbytes, nbytes, stream)
+            self._reserved += nbytes
+            self.stats.reserved_bytes.increase(pool.is_small, nbytes)
+            self.stats.num_device_alloc += 1
+        return [block for block in chain if block.allocated]
+
+    def _lay_out(
+        self, segment: AnySegment, address: int, blocks: Sequence[tuple[int, int]]
+    ) -> list[Block]:
+        """Cut a fresh segment into ``blocks`` (state -1: unmapped) and return the chain."""
+        pool, stream, stats = segment.pool, segment.stream, self.stats
+        chain: list[Block] = []
+        for block_bytes, requested in blocks:
+            block = Block(address, block_bytes, stream, pool, segment)
+            if chain:
+                block.prev, chain[-1].next = chain[-1], block
+            chain.append(block)
+            address += block_bytes
+            if requested > 0:
+                self._mark_allocated(block, requested)
+            elif requested < 0:
+                block.mapped = False
+        for block in chain:
+            if not block.mapped:
+                pool.insert_unmapped(block)
+            elif not block.allocated:
+                pool.insert(block)
+                if block.is_split() and not segment.is_expandable:
+                    stats.inactive_split.increase(pool.is_small, 1)
+                    stats.inactive_split_bytes.increase(pool.is_small, block.size)
+        return chain
 
     # ------------------------------------------------------------------ free
     def free(self, block: Block) -> None:

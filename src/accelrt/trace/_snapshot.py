@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..memory._config import AllocatorConfig
-from ..memory._policy import K_SMALL_BUFFER, K_SMALL_SIZE, round_size
+from ..memory._policy import K_SMALL_BUFFER, UNLIMITED, round_size, should_split
 from ._format import Trace, TraceEvent, TraceFormatError
 
 __all__ = [
     "BlockState",
     "Recording",
     "SegmentState",
+    "UNMAPPED",
     "devices_with_history",
     "read_snapshot",
     "trace_from_snapshot",
@@ -89,28 +90,37 @@ def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     return snapshot
 
 
+UNMAPPED = -1
+"""``BlockState.requested_size`` of an unmapped block of an expandable segment."""
+
+
 @dataclass(frozen=True)
 class BlockState:
-    """A block of a segment at one moment: its bytes and, if allocated, the requested bytes."""
+    """A block of a segment at one moment: its bytes and what it holds.
+
+    ``requested_size`` is the requested bytes of an allocated block, 0 for a free block and
+    ``UNMAPPED`` (-1) for address space of an expandable segment with no memory behind it.
+    """
 
     address: int
     size: int
-    requested_size: int  # 0 when free
+    requested_size: int
 
 
 @dataclass(frozen=True)
 class SegmentState:
-    """A segment at one moment: its address, bytes, owning stream and blocks (address order)."""
+    """A segment at one moment: its address, bytes, owning stream and blocks (address order).
+
+    For an expandable segment (``is_expandable``) the blocks tile the part of its reserved
+    range the recording touched, unmapped stretches included; ``is_small`` says its pool.
+    """
 
     address: int
     size: int
     stream: int
     blocks: tuple[BlockState, ...]
-
-    @property
-    def is_small(self) -> bool:
-        """Whether it belongs to the small pool (PyTorch's small segments are 2 MiB)."""
-        return self.size == K_SMALL_BUFFER
+    is_small: bool
+    is_expandable: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,41 +169,80 @@ class Recording:
 
 
 class _Rewind:
-    """The segments of one device, walked backwards from the end state."""
+    """The segments of one device, walked backwards from the end state.
+
+    Each segment is ``[size, stream, sorted block starts, {start: [size, state]}, is_small,
+    is_expandable]`` where state is the requested bytes (allocated), 0 (free) or ``UNMAPPED``.
+    All of an expandable segment's mapped ranges of one (stream, pool) form one segment here.
+    """
 
     def __init__(self, settings: AllocatorConfig) -> None:
         self.settings = settings
-        # address -> [size, stream, sorted block starts, {start: [size, requested]}]
-        self.segments: dict[int, tuple[int, int, list[int], dict[int, list[int]]]] = {}
+        self.segments: dict[int, list[Any]] = {}
         self.starts: list[int] = []
         self.inconsistent = 0
 
-    def add_segment(self, address: int, size: int, stream: int, blocks: list[BlockState]) -> None:
+    def add_segment(
+        self,
+        address: int,
+        size: int,
+        stream: int,
+        blocks: list[BlockState],
+        is_small: bool,
+        is_expandable: bool = False,
+    ) -> None:
         starts = [b.address for b in blocks]
         table = {b.address: [b.size, b.requested_size] for b in blocks}
-        self.segments[address] = (size, stream, starts, table)
+        self.segments[address] = [size, stream, starts, table, is_small, is_expandable]
         insort(self.starts, address)
 
-    def _segment_of(self, addr: int) -> tuple[int, int, list[int], dict[int, list[int]]] | None:
+    def _segment_of(self, addr: int) -> list[Any] | None:
         pos = bisect_right(self.starts, addr) - 1
         if pos < 0:
             return None
         seg = self.segments[self.starts[pos]]
         return seg if addr < self.starts[pos] + seg[0] else None
 
+    @staticmethod
+    def _merge_around(seg: list[Any], addr: int) -> None:
+        """Merge the block at ``addr`` with neighbours in the same free or unmapped state."""
+        starts, table = seg[2], seg[3]
+        state = table[addr][1]
+        i = starts.index(addr)
+        if i + 1 < len(starts) and table[starts[i + 1]][1] == state:
+            table[addr][0] += table.pop(starts.pop(i + 1))[0]
+        if i > 0 and table[starts[i - 1]][1] == state:
+            table[starts[i - 1]][0] += table.pop(starts.pop(i))[0]
+
+    def _carve(self, addr: int, size: int, before: int, after: int) -> list[Any] | None:
+        """Turn ``[addr, addr + size)`` of one block in state ``before`` into ``after``."""
+        seg = self._segment_of(addr)
+        if seg is None or size <= 0:
+            return None
+        starts, table = seg[2], seg[3]
+        i = bisect_right(starts, addr) - 1
+        start = starts[i]
+        block_size, state = table[start]
+        end = start + block_size
+        if state != before or addr + size > end:
+            return None
+        if start < addr:
+            table[start][0] = addr - start
+            starts.insert(i + 1, addr)
+        table[addr] = [size, after]
+        if addr + size < end:
+            insort(starts, addr + size)
+            table[addr + size] = [end - addr - size, before]
+        return seg
+
     def undo_alloc(self, addr: int) -> None:
         """The block at ``addr`` was allocated here: before, it was free (merged)."""
         seg = self._segment_of(addr)
-        if seg is None or addr not in seg[3] or not seg[3][addr][1]:
+        if seg is None or addr not in seg[3] or seg[3][addr][1] <= 0:
             self.inconsistent += 1
             return
-        _, _, starts, table = seg
-        table[addr][1] = 0
-        i = starts.index(addr)
-        if i + 1 < len(starts) and table[starts[i + 1]][1] == 0:
-            table[addr][0] += table.pop(starts.pop(i + 1))[0]
-        if i > 0 and table[starts[i - 1]][1] == 0:
-            table[starts[i - 1]][0] += table.pop(starts.pop(i))[0]
+        seg[3][addr][1] = 0
+        self._merge_around(seg, addr)
 
     def undo_free(self, addr: int, requested: int) -> None:
         """The block at ``addr`` was freed here: before, it was allocated (split it out)."""
@@ -201,28 +250,21 @@ class _Rewind:
         if seg is None or requested <= 0:
             self.inconsistent += 1
             return
-        seg_size, _, starts, table = seg
-        i = bisect_right(starts, addr) - 1
-        start = starts[i]
-        free_size, state = table[start]
-        end = start + free_size
+        starts, table = seg[2], seg[3]
+        start = starts[bisect_right(starts, addr) - 1]
+        free_end = start + table[start][0]
         size = round_size(requested, self.settings)
-        if state != 0 or addr + size > end:
+        fits = table[start][1] == 0 and addr + size <= free_end
+        max_split = self.settings.max_split_size or UNLIMITED
+        expandable = bool(seg[5]) or self.settings.expandable_segments
+        if fits and not should_split(free_end - addr, size, seg[4], max_split, expandable):
+            size = free_end - addr  # handed out whole: the remainder was not worth a split
+        if not fits or self._carve(addr, size, 0, requested) is None:
             self.inconsistent += 1
-            return
-        if seg_size != K_SMALL_BUFFER and 0 < end - addr - size <= K_SMALL_SIZE:
-            size = end - addr  # a large block whose remainder was not worth splitting
-        if start < addr:
-            table[start][0] = addr - start
-            starts.insert(i + 1, addr)
-        table[addr] = [size, requested]
-        if addr + size < end:
-            insort(starts, addr + size)
-            table[addr + size] = [end - addr - size, 0]
 
     def undo_segment_alloc(self, addr: int, size: int) -> None:
         seg = self.segments.get(addr)
-        if seg is None or seg[0] != size or len(seg[2]) != 1 or seg[3][addr][1]:
+        if seg is None or seg[0] != size or len(seg[2]) != 1 or seg[3][addr][1] or seg[5]:
             self.inconsistent += 1
             return
         del self.segments[addr]
@@ -232,19 +274,78 @@ class _Rewind:
         if self._segment_of(addr) is not None:
             self.inconsistent += 1
             return
-        self.add_segment(addr, size, stream, [BlockState(addr, size, 0)])
+        self.add_segment(addr, size, stream, [BlockState(addr, size, 0)], size == K_SMALL_BUFFER)
+
+    def undo_segment_map(self, addr: int, size: int) -> None:
+        """Pages were mapped here: before, they were unmapped."""
+        seg = self._carve(addr, size, 0, UNMAPPED)
+        if seg is None or not seg[5]:
+            self.inconsistent += 1
+            return
+        self._merge_around(seg, addr)
+
+    def undo_segment_unmap(self, addr: int, size: int) -> None:
+        """Pages were unmapped here: before, they were mapped and free."""
+        seg = self._carve(addr, size, UNMAPPED, 0)
+        if seg is None or not seg[5]:
+            self.inconsistent += 1
+            return
+        self._merge_around(seg, addr)
 
     def state(self) -> tuple[SegmentState, ...]:
-        return tuple(
-            SegmentState(
-                address,
-                size,
-                stream,
-                tuple(BlockState(s, table[s][0], table[s][1]) for s in starts),
-            )
-            for address in self.starts
-            for size, stream, starts, table in (self.segments[address],)
-        )
+        out = []
+        for address in self.starts:
+            size, stream, starts, table, is_small, is_expandable = self.segments[address]
+            blocks = tuple(BlockState(s, table[s][0], table[s][1]) for s in starts)
+            if is_expandable and all(b.requested_size == UNMAPPED for b in blocks):
+                continue  # nothing mapped when recording began
+            out.append(SegmentState(address, size, stream, blocks, is_small, is_expandable))
+        return tuple(out)
+
+
+def _expandable_groups(
+    end_segments: list[dict[str, Any]], entries: list[dict[str, Any]]
+) -> list[tuple[int, int, int, bool, list[BlockState]]]:
+    """Join the mapped ranges of each (stream, pool) into one span of an expandable segment.
+
+    Returns ``(address, size, stream, is_small, blocks)`` per span: the span runs from the
+    lowest to the highest address the end state or a ``segment_map``/``segment_unmap`` entry
+    shows for it, and the stretches between mapped ranges are unmapped blocks.
+    """
+    groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    for seg in end_segments:
+        key = (seg.get("stream", 0), seg.get("segment_type") == "small")
+        groups.setdefault(key, []).append(seg)
+    spans = []
+    for (stream, is_small), ranges in groups.items():
+        ranges.sort(key=lambda r: r["address"])
+        low = ranges[0]["address"]
+        high = ranges[-1]["address"] + ranges[-1]["total_size"]
+        spans.append([low, high, stream, is_small, ranges])
+    spans.sort()
+    for entry in entries:  # pages touched during the recording belong to the span above them
+        if entry["action"] not in ("segment_map", "segment_unmap"):
+            continue
+        addr, end = entry["addr"], entry["addr"] + entry["size"]
+        same_stream = [s for s in spans if s[2] == entry.get("stream", 0)]
+        target = next((s for s in same_stream if addr < s[1]), None)
+        if target is None and same_stream:
+            target = same_stream[-1]
+        if target is not None:
+            target[0], target[1] = min(target[0], addr), max(target[1], end)
+    out = []
+    for low, high, stream, is_small, ranges in spans:
+        blocks: list[BlockState] = []
+        cursor = low
+        for seg in ranges:
+            if seg["address"] > cursor:
+                blocks.append(BlockState(cursor, seg["address"] - cursor, UNMAPPED))
+            blocks.extend(_blocks_of(seg))
+            cursor = seg["address"] + seg["total_size"]
+        if high > cursor:
+            blocks.append(BlockState(cursor, high - cursor, UNMAPPED))
+        out.append((low, high - low, stream, is_small, blocks))
+    return out
 
 
 def _blocks_of(segment: dict[str, Any]) -> list[BlockState]:
@@ -316,27 +417,36 @@ def trace_from_snapshot(
     shrunk = sum(e["size"] for e in entries if e["action"] in ("segment_free", "segment_unmap"))
     reserved_start = reserved_end - grown + shrunk
     rewind = _Rewind(settings)
-    # An expandable segment grows by mapping pages, which this rewind does not model; such
-    # recordings are replayed from an empty start, exact when they started empty.
-    if not (settings.expandable_segments and reserved_start == 0):
-        for seg in end_segments:
+    for seg in end_segments:
+        if not seg.get("is_expandable"):
             rewind.add_segment(
-                seg["address"], seg["total_size"], seg.get("stream", 0), _blocks_of(seg)
+                seg["address"],
+                seg["total_size"],
+                seg.get("stream", 0),
+                _blocks_of(seg),
+                seg["total_size"] == K_SMALL_BUFFER,
             )
-        for entry in reversed(entries):
-            action = entry["action"]
-            if action == "alloc":
-                rewind.undo_alloc(entry["addr"])
-            elif action == "free_requested":
-                rewind.undo_free(entry["addr"], entry["size"])
-            elif action in ("segment_alloc", "segment_map"):
-                rewind.undo_segment_alloc(entry["addr"], entry["size"])
-            elif action in ("segment_free", "segment_unmap"):
-                rewind.undo_segment_free(entry["addr"], entry["size"], entry.get("stream", 0))
+    expandable = [s for s in end_segments if s.get("is_expandable")]
+    for address, size, stream, is_small, blocks in _expandable_groups(expandable, entries):
+        rewind.add_segment(address, size, stream, blocks, is_small, is_expandable=True)
+    for entry in reversed(entries):
+        action = entry["action"]
+        if action == "alloc":
+            rewind.undo_alloc(entry["addr"])
+        elif action == "free_requested":
+            rewind.undo_free(entry["addr"], entry["size"])
+        elif action == "segment_alloc":
+            rewind.undo_segment_alloc(entry["addr"], entry["size"])
+        elif action == "segment_free":
+            rewind.undo_segment_free(entry["addr"], entry["size"], entry.get("stream", 0))
+        elif action == "segment_map":
+            rewind.undo_segment_map(entry["addr"], entry["size"])
+        elif action == "segment_unmap":
+            rewind.undo_segment_unmap(entry["addr"], entry["size"])
     start = rewind.state()
 
     events: list[TraceEvent] = []
-    live = {b.address: b.requested_size for s in start for b in s.blocks if b.requested_size}
+    live = {b.address: b.requested_size for s in start for b in s.blocks if b.requested_size > 0}
     live_bytes = peak_live = sum(live.values())
     reserved = peak_reserved = reserved_start
     n_alloc = n_free = n_oom = 0
