@@ -145,3 +145,25 @@ def test_replay_uses_header_capacity_on_sim(tmp_path: Path) -> None:
     trace = load(path)
     assert replay(trace, device="sim").capacity_bytes == 64 * MiB
     assert replay(trace, device="sim", capacity="1GiB").capacity_bytes == 1 << 30
+
+
+def test_pictures_draw_the_replay_the_user_asked_for(tmp_path: Path) -> None:
+    from accelrt.view import picture_moments, render_html, view_of_trace
+
+    trace = load(EXAMPLE)
+    page = tmp_path / "run.html"
+    args = ["replay", str(EXAMPLE), "--device", "sim", "--capacity", "1GiB"]
+    assert main([*args, "--config", "expandable_segments:True", "--html", str(page)]) == 0
+    report = replay(
+        trace,
+        device="sim",
+        capacity="1GiB",
+        config="expandable_segments:True",
+        capture_at=picture_moments(trace),
+    )
+    assert report.capacity_bytes == 1 << 30
+    assert page.read_text() == render_html(view_of_trace(trace, report))
+    plain = replay(trace, device="sim", capture_at=picture_moments(trace))
+    assert render_html(view_of_trace(trace, plain)) != page.read_text()  # the setting shows
+    with pytest.raises(ValueError, match="captured no segment map"):
+        view_of_trace(trace, replay(trace, device="sim"))

@@ -94,6 +94,7 @@ def _default_device() -> str:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .replay import ReplayReport, replay
     from .trace import load
+    from .view import picture_moments
 
     trace = load(args.trace, include_host=args.include_host, device_index=args.device_index)
     # a PyTorch recording replays on the simulated device with its recorded settings
@@ -101,7 +102,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     configs: list[str | None] = list(args.config or [None if trace.recording else ""])
     reports: list[ReplayReport] = []
     show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
+    pictures = bool(getattr(args, "html", None) or getattr(args, "png", None))
     for config in configs:
+        # the first setting's replay also captures what the pictures draw
+        capture = picture_moments(trace) if pictures and not reports else ()
         if show_progress and len(trace.events) > 50_000:
             from rich.progress import Progress
 
@@ -118,11 +122,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                         capacity=args.capacity,
                         config=config,
                         progress=advance,
+                        capture_at=capture,
                     )
                 )
         else:
-            reports.append(replay(trace, device=device, capacity=args.capacity, config=config))
-    _write_pictures(args, trace, configs[0])
+            reports.append(
+                replay(
+                    trace, device=device, capacity=args.capacity, config=config, capture_at=capture
+                )
+            )
+    if pictures:
+        _write_pictures(args, trace, reports[0])
     if args.json:
         out = [r.to_dict() for r in reports]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
@@ -131,12 +141,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_pictures(args: argparse.Namespace, trace: Any, config: str | None) -> None:
-    if not (getattr(args, "html", None) or getattr(args, "png", None)):
-        return
+def _write_pictures(args: argparse.Namespace, trace: Any, report: Any) -> None:
     from .view import render_html, render_png, view_of_trace
 
-    view = view_of_trace(trace, config=config)
+    view = view_of_trace(trace, report)
     if args.html:
         with open(args.html, "w", encoding="utf-8") as f:
             f.write(render_html(view))

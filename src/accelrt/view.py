@@ -8,9 +8,9 @@ The picture of a trace has two parts:
 - **the segment map** at a chosen moment: each segment a bar, its blocks coloured by state
   (allocated, pending free, free), with a slider over the captured moments.
 
-The HTML page is self-contained (inline script and SVG, no network). Data comes from a trace
-replayed through the caching allocator (``view_of_trace``) or from a snapshot
-(``view_of_snapshot``, which replays its history when it has one).
+The HTML page is self-contained (inline script and SVG, no network). Data comes from a replay
+that already ran (``view_of_trace`` draws its report, captured at ``picture_moments``) or from
+a snapshot (``view_of_snapshot``, which replays its history once when it has one).
 """
 
 from __future__ import annotations
@@ -19,15 +19,19 @@ import html
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._units import format_bytes
 from .memory._history import SegmentInfo
 from .trace._format import Trace
 from .trace._snapshot import devices_with_history, read_snapshot, trace_from_snapshot
 
+if TYPE_CHECKING:
+    from .replay import ReplayReport
+
 __all__ = [
     "View",
+    "picture_moments",
     "render_html",
     "render_png",
     "segment_text",
@@ -169,36 +173,41 @@ def _moment(event: int, segments: list[SegmentInfo] | list[dict[str, Any]]) -> d
     }
 
 
-def _moment_indices(n_events: int, count: int) -> list[int]:
+def picture_moments(trace: Trace, moments: int = DEFAULT_MOMENTS) -> list[int]:
+    """Return the event indices whose segment maps a picture of ``trace`` shows.
+
+    Pass them to ``accelrt.replay.replay(..., capture_at=...)``; the report then has what
+    :func:`view_of_trace` draws. About ``moments`` indices, evenly spread, the last event
+    included (``[-1]``, before the first event, for an empty trace).
+    """
+    n_events = len(trace.events)
     if n_events == 0:
         return [-1]
-    step = max(1, n_events // count)
+    step = max(1, n_events // moments)
     return sorted({*range(step - 1, n_events, step), n_events - 1})
 
 
 def view_of_trace(
     trace: Trace,
+    report: ReplayReport,
     *,
     title: str | None = None,
     top: int = DEFAULT_TOP,
-    moments: int = DEFAULT_MOMENTS,
-    config: str | None = None,
     entries: list[dict[str, Any]] | None = None,
 ) -> View:
-    """Replay ``trace`` on the simulated device and build its picture.
+    """Build the picture of a replay that has already run.
 
     Parameters
     ----------
     trace : Trace
-        From ``accelrt.trace.load`` (a PyTorch snapshot replays from its recorded start).
+        The trace that was replayed (a PyTorch snapshot's: from its recorded start).
+    report : ReplayReport
+        Its replay, run with ``capture_at=picture_moments(trace)`` on whichever device, with
+        whichever capacity and settings the user chose: the segment maps come from it.
     title : str, optional
         Default: the trace's name.
     top : int
         How many of the largest allocations to draw one by one.
-    moments : int
-        About how many moments the segment map can show.
-    config : str, optional
-        Allocator settings for the replay (default: the recording's, else the defaults).
     entries : list of dict, optional
         The trace's alloc/free entries with ``frames`` (a snapshot's ``device_traces[i]``),
         for stacks in the hover details; default: from ``trace.events``, without stacks.
@@ -206,9 +215,16 @@ def view_of_trace(
     Returns
     -------
     View
-    """
-    from .replay import replay
 
+    Raises
+    ------
+    ValueError
+        If the report captured no segment map.
+    """
+    if not report.segment_maps:
+        raise ValueError(
+            "the replay captured no segment map: run it with capture_at=picture_moments(trace)"
+        )
     if entries is None:
         entries = [
             {"action": a, "addr": addr, "size": size, "stream": stream}
@@ -222,8 +238,6 @@ def view_of_trace(
             for b in s.blocks
             if b.requested_size > 0
         ] + entries
-    indices = _moment_indices(len(trace.events), moments)
-    report = replay(trace, device="sim", config=config, capture_at=indices)
     events, total, allocations = _timeline(entries, top)
     # x is counted in alloc/free events: map trace event indices onto it
     x_of, x = {}, 0
@@ -231,7 +245,9 @@ def view_of_trace(
         if event.action != "empty_cache":
             x += 1
         x_of[i] = x
-    view_moments = [_moment(x_of.get(i, 0), report.segment_maps[i]) for i in indices]
+    view_moments = [
+        _moment(x_of.get(i, 0), maps) for i, maps in sorted(report.segment_maps.items())
+    ]
     return View(title or trace.name, events, total, allocations, view_moments)
 
 
@@ -254,9 +270,12 @@ def view_of_snapshot(
     traces = snapshot.get("device_traces") or []
     has_history = devices_with_history(snapshot)
     if has_history and (device_index is None or device_index in has_history):
+        from .replay import replay
+
         trace = trace_from_snapshot(snapshot, device=device_index, path=os.fspath(path))
         device = trace.recording.device if trace.recording is not None else 0
-        return view_of_trace(trace, title=name, top=top, entries=traces[device])
+        report = replay(trace, capture_at=picture_moments(trace))
+        return view_of_trace(trace, report, title=name, top=top, entries=traces[device])
     device = device_index or 0
     segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
     return View(name, 0, [(0, 0)], [], [_moment(0, segments)])
