@@ -30,7 +30,7 @@ class OutOfMemoryError(AcceleratorError, MemoryError):
     """The caching allocator could not obtain device memory for a request.
 
     Mirrors ``torch.OutOfMemoryError``. Raised after the allocator has tried every step of its
-    malloc ladder (ALLOCATOR.md section 6): reuse, a new segment, releasing cached blocks and a
+    malloc ladder (docs/allocator.md section 6): reuse, a new segment, releasing cached blocks and a
     retry. The allocator is unchanged by the failed request and stays usable.
 
     Parameters

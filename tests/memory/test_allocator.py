@@ -1,4 +1,4 @@
-"""The caching allocator against ALLOCATOR.md, byte for byte, through the public API."""
+"""The caching allocator against docs/allocator.md, byte for byte, through the public API."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from accelrt.memory import AllocatorConfig, CachingAllocator, round_size, segmen
 
 MiB = 1 << 20
 
-# ALLOCATOR.md section 9: request -> (allocated, reserved, requested, inactive_split)
+# docs/allocator.md section 9: request -> (allocated, reserved, requested, inactive_split)
 WORKED_EXAMPLES = [
     (100, 512, 2 * MiB, 100, 1),
     (MiB, MiB, 2 * MiB, MiB, 1),

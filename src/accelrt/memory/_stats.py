@@ -105,7 +105,7 @@ class StatArray:
 
 
 class DeviceStats:
-    """Every statistic of one device's allocator (ALLOCATOR.md section 8)."""
+    """Every statistic of one device's allocator (docs/allocator.md section 8)."""
 
     __slots__ = (
         "active",

@@ -1,6 +1,6 @@
 """Allocation traces: read and write accelrt's JSONL format; record one from PyTorch.
 
-The format (ALLOCATOR.md section 12) is gzip'd JSON Lines: a header object, then one event a
+The format (docs/allocator.md section 12) is gzip'd JSON Lines: a header object, then one event a
 line, ``{"action": "alloc" | "free", "addr", "size", "stream", "t"}`` or
 ``{"action": "empty_cache"}``.
 """

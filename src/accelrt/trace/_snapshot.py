@@ -2,7 +2,7 @@
 
 A snapshot (``torch.cuda.memory._dump_snapshot``) holds the allocator's end state (segments and
 their blocks) and, when history was recorded, a ring buffer of events per device. To replay it
-exactly (ALLOCATOR.md section 13) this module
+exactly (docs/allocator.md section 13) this module
 
 - reads the pickle with an unpickler that admits only plain data (no globals: nothing runs);
 - rewinds the device's events from the end state to get the segments and blocks that existed
