@@ -167,3 +167,15 @@ def test_pictures_draw_the_replay_the_user_asked_for(tmp_path: Path) -> None:
     assert render_html(view_of_trace(trace, plain)) != page.read_text()  # the setting shows
     with pytest.raises(ValueError, match="captured no segment map"):
         view_of_trace(trace, replay(trace, device="sim"))
+
+
+def test_expandable_segments_replay_on_sim_and_fall_back_on_opencl(opencl: str) -> None:
+    trace = load(EXAMPLE)
+    on_sim = replay(trace, device="sim", config="expandable_segments:True")
+    assert on_sim.notes == [] and on_sim.memory_stats["segment.all.peak"] == 0  # pages only
+    on_opencl = replay(trace, device="opencl:0", config="expandable_segments:True")
+    assert on_opencl.notes == [
+        "opencl:0: expandable segments need virtual memory (reserving address space and mapping "
+        "pages into it), which the 'opencl' backend does not have; using normal segments"
+    ]
+    assert on_opencl.peak_reserved_bytes == replay(trace, device="sim").peak_reserved_bytes
