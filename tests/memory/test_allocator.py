@@ -320,3 +320,33 @@ def test_zero_bytes_touches_nothing(sim: str) -> None:
     assert (buf.ptr, buf.nbytes) == (0, 0)
     assert acc.memory_stats() == {}
     buf.free()
+
+
+class _CountingSim(SimBackend):
+    """A simulated backend that counts the events it creates and destroys."""
+
+    def __init__(self) -> None:
+        super().__init__(device_count=1)
+        self.created = self.destroyed = 0
+
+    def event_create(self, index: int, timing: bool) -> object:
+        self.created += 1
+        return super().event_create(index, timing)
+
+    def event_destroy(self, event: object) -> None:
+        self.destroyed += 1
+
+
+def test_allocator_events_are_reused_then_destroyed() -> None:
+    backend = _CountingSim()
+    alloc = CachingAllocator(backend, 0)
+    side = backend.stream_create(0, 0)
+    for _ in range(5):  # each cross-stream free records an event on the side stream
+        block = alloc.malloc(MiB, 0)
+        alloc.record_stream(block, side)
+        alloc.free(block)
+        assert alloc.memory_stats()["active_bytes.all.current"] == MiB  # pending until next malloc
+    alloc.malloc(100, 0)  # completes the last pending free
+    assert backend.created == 1  # one event, reused by every later free
+    alloc.empty_cache()
+    assert backend.destroyed == 1
