@@ -398,7 +398,7 @@ class CachingAllocator:
         pool = block.pool
         is_small = pool.is_small
         counts_split = not block.segment.is_expandable  # inactive_split skips expandable
-        already_split = block.is_split()
+        already_split = block.prev is not None or block.next is not None  # hot: no call
         if should_split(block.size, size, is_small, self._max_split, self._expandable):
             remaining = block
             block = Block(remaining.address, size, remaining.stream, pool, remaining.segment)
@@ -688,7 +688,7 @@ class CachingAllocator:
                 split_bytes_change -= subsumed
         pool.insert(block)
         if not block.segment.is_expandable:  # inactive_split skips expandable segments
-            if block.is_split():
+            if block.prev is not None or block.next is not None:  # split (hot: no call)
                 split_blocks_change += 1
                 split_bytes_change += block.size
             if split_blocks_change > 0:

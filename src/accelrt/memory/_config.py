@@ -8,6 +8,7 @@ the allowed range.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -205,6 +206,11 @@ class AllocatorConfig:
                 str(1 << i): d for i, d in enumerate(self.roundup_power2_divisions)
             },
         }
+
+    @functools.cached_property
+    def rounds_to_divisions(self) -> bool:
+        """Whether any ``roundup_power2_divisions`` slot is set (else plain 512-byte rounding)."""
+        return any(d > 1 for d in self.roundup_power2_divisions)
 
     def roundup_divisions_for(self, size: int) -> int:
         """Return the power-of-two divisions that apply to a request of ``size`` bytes."""

@@ -56,7 +56,7 @@ def round_size(nbytes: int, config: AllocatorConfig) -> int:
     """
     if nbytes < K_MIN_BLOCK_SIZE:
         return K_MIN_BLOCK_SIZE
-    divisions = config.roundup_divisions_for(nbytes)
+    divisions = config.roundup_divisions_for(nbytes) if config.rounds_to_divisions else 0
     if divisions > 1 and nbytes > K_MIN_BLOCK_SIZE * divisions:
         if nbytes & (nbytes - 1) == 0:
             return nbytes
