@@ -146,11 +146,20 @@ class Stream:
         ------
         TypeError
             If ``event`` is not an ``Event``.
+        ValueError
+            If the event was recorded on another device (the message names both devices);
+            as in PyTorch, streams wait only for events of their own device here.
         """
         if not isinstance(event, Event):
             raise TypeError(f"wait_event() takes an Event, got {type(event).__name__}")
-        if event._handle is not None:
-            self._backend.stream_wait_event(self._index, self._handle, event._handle)
+        if event._handle is None:
+            return
+        if event.device != self.device:
+            raise ValueError(
+                f"a stream of {self.device} cannot wait for an event recorded on {event.device}; "
+                "record the event on a stream of the same device"
+            )
+        self._backend.stream_wait_event(self._index, self._handle, event._handle)
 
     def wait_stream(self, stream: Stream) -> None:
         """Make future work on this stream wait for the work already submitted to ``stream``.
@@ -253,11 +262,15 @@ class Event:
 
         Raises
         ------
+        TypeError
+            If ``stream`` is not a ``Stream``.
         ValueError
             If the event was recorded on another device before.
         """
         if stream is None:
             stream = current_stream()
+        elif not isinstance(stream, Stream):
+            raise TypeError(f"Event.record() takes a Stream, got {type(stream).__name__}")
         if self._backend is None:
             self._backend, self._index = stream._backend, stream._index
             self._handle = stream._backend.event_create(stream._index, self._enable_timing)
@@ -269,7 +282,12 @@ class Event:
         stream._backend.event_record(self._handle, stream._index, stream._handle)
 
     def wait(self, stream: Stream | None = None) -> None:
-        """Make future work on ``stream`` (the current stream if None) wait for this event."""
+        """Make future work on ``stream`` (the current stream if None) wait for this event.
+
+        Raises as :meth:`Stream.wait_event`; ``TypeError`` if ``stream`` is not a Stream.
+        """
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"Event.wait() takes a Stream, got {type(stream).__name__}")
         (stream if stream is not None else current_stream()).wait_event(self)
 
     def query(self) -> bool:
@@ -288,14 +306,24 @@ class Event:
 
         Raises
         ------
+        TypeError
+            If ``end_event`` is not an ``Event``.
         ValueError
-            If either event was created without ``enable_timing=True``, or either has not
-            been recorded. Waits for ``end_event`` to complete first.
+            If either event was created without ``enable_timing=True``, either has not been
+            recorded, or they were recorded on different devices (as PyTorch refuses). Waits
+            for ``end_event`` to complete first.
         """
+        if not isinstance(end_event, Event):
+            raise TypeError(f"elapsed_time() takes an Event, got {type(end_event).__name__}")
         if not (self._enable_timing and end_event._enable_timing):
             raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._backend is None or end_event._backend is None:
             raise ValueError("Both events must be recorded before calculating elapsed time.")
+        if self.device != end_event.device:
+            raise ValueError(
+                f"events recorded on {self.device} and {end_event.device} cannot be timed "
+                "against each other; record both on streams of one device"
+            )
         end_event.synchronize()
         return self._backend.event_elapsed_ms(self._handle, end_event._handle)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 import accelrt as acc
 
@@ -73,3 +74,13 @@ def test_data_round_trips_on_each_device(two_devices: str) -> None:
             acc.copy_(out, buf, stream=acc.current_stream(index))
             acc.synchronize(index)
             assert (out == host).all()
+
+
+def test_events_and_streams_of_two_devices_are_not_mixed(two_devices: str) -> None:
+    a, b = acc.Event(enable_timing=True), acc.Event(enable_timing=True)
+    a.record(acc.Stream(device=0))
+    b.record(acc.Stream(device=1))
+    with pytest.raises(ValueError, match=r"recorded on .*:0 and .*:1 cannot be timed"):
+        a.elapsed_time(b)
+    with pytest.raises(ValueError, match=r"a stream of .*:1 cannot wait for an event recorded on"):
+        acc.Stream(device=1).wait_event(a)

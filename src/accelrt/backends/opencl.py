@@ -199,9 +199,20 @@ class OpenCLBackend:
 
     # memory
     def malloc(self, index: int, nbytes: int) -> int:
-        """``clSVMAlloc`` (coarse grain, read-write, unbound to any queue)."""
+        """``clSVMAlloc`` (coarse grain, read-write, unbound to any queue).
+
+        Raises ``BackendOutOfMemory`` when the bytes this process holds on the device would
+        exceed its reported global memory: drivers such as PoCL overcommit SVM, so without this
+        check capacity, memory fraction and out-of-memory would mean nothing on them. PoCL's
+        reported memory follows ``POCL_MEMORY_LIMIT`` (GB).
+        """
         cl = _import_cl()
         state = self._dev(index)
+        total = int(self._devices()[index].global_mem_size)
+        if state.held + nbytes > total:
+            raise BackendOutOfMemory(
+                f"opencl:{index} holds {state.held} of its {total} bytes; {nbytes} more do not fit"
+            )
         try:
             allocation = cl.SVMAllocation(state.context, nbytes, 0, cl.svm_mem_flags.READ_WRITE)
         except cl.Error as exc:

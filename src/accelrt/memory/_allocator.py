@@ -121,9 +121,10 @@ class CachingAllocator:
         """
         with self._lock:
             self.config = config
-            self._max_split = (
-                config.max_split_size if config.max_split_size is not None else UNLIMITED
-            )
+            max_split = config.max_split_size if config.max_split_size is not None else UNLIMITED
+            if max_split != self._max_split:
+                self._max_split = max_split
+                self._recount_oversize()
             self.stats.max_split_size = (
                 config.max_split_size if config.max_split_size is not None else -1
             )
@@ -141,6 +142,26 @@ class CachingAllocator:
                     RuntimeWarning,
                     stacklevel=3,
                 )
+
+    def _recount_oversize(self) -> None:
+        """Make the oversize statistics count by the new ``max_split_size`` (no stat drifts)."""
+        for stat, count in (
+            (
+                self.stats.oversize_allocations,
+                sum(b.allocated and b.size >= self._max_split for b in self._active.values()),
+            ),
+            (
+                self.stats.oversize_segments,
+                sum(
+                    not s.is_expandable and s.size >= self._max_split
+                    for s in self._segments.values()
+                ),
+            ),
+        ):
+            if count > stat.current:
+                stat.increase(count - stat.current)
+            elif count < stat.current:
+                stat.decrease(stat.current - count)
 
     @property
     def expandable_segments(self) -> bool:
@@ -630,19 +651,32 @@ class CachingAllocator:
             block.stream_uses.add(stream)
 
     def _insert_events(self, block: Block) -> None:
-        streams = block.stream_uses or set()
+        streams = sorted(block.stream_uses or ())
         block.stream_uses = None
-        for stream in sorted(streams):
+        for stream in streams:
             if self._idle_events:
                 event = self._idle_events.pop()
             else:
                 event = self.backend.event_create(self.device_index, False)
-            self.backend.event_record(event, self.device_index, stream)
+            try:
+                self.backend.event_record(event, self.device_index, stream)
+            except (ValueError, RuntimeError) as exc:  # the stream was destroyed
+                self._idle_events.append(event)
+                warnings.warn(
+                    f"{self.device_name}: stream {stream:#x}, which used the block at "
+                    f"{block.address:#x} (record_stream), no longer exists ({exc}); a destroyed "
+                    "stream has finished its work, so the free does not wait for it",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                continue
             block.event_count += 1
             queue = self._events.get(stream)
             if queue is None:
                 queue = self._events[stream] = deque()
             queue.append((event, block))
+        if block.event_count == 0:
+            self._free_block(block)
 
     def _process_events(self) -> None:
         for stream in list(self._events):

@@ -164,7 +164,8 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     Raises
     ------
     TypeError
-        If neither side is a Buffer, or a side is neither a Buffer nor a host array.
+        If neither side is a Buffer, a side is neither a Buffer nor a host array, or
+        ``stream`` is not a Stream.
     ValueError
         If sizes differ, a buffer was freed, buffers are on different devices, or the stream
         is on another device.
@@ -193,6 +194,8 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
         raise ValueError(f"copy_() sizes differ: dst has {dst_bytes} bytes, src {src_bytes}")
     if stream is None:
         stream = current_stream(device.index)
+    elif not isinstance(stream, Stream):
+        raise TypeError(f"copy_() stream must be an accelrt.Stream, got {type(stream).__name__}")
     elif stream.device != device:
         raise ValueError(f"stream {stream!r} is not on the buffers' device {device}")
     if dst_bytes:

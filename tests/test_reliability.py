@@ -1,0 +1,77 @@
+"""Bad input and faults: clear errors, and the allocator stays consistent (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+import accelrt as acc
+from accelrt.backends.sim import SimBackend
+from accelrt.memory import AllocatorConfig, CachingAllocator
+
+MiB = 1 << 20
+
+
+def test_free_after_the_recorded_stream_is_gone(opencl: str) -> None:
+    buf = acc.empty(MiB)
+    side = acc.Stream()
+    acc.record_stream(buf, side)
+    del side
+    gc.collect()  # the stream is destroyed (its queue finished)
+    with pytest.warns(RuntimeWarning, match="no longer exists"):
+        buf.free()
+    stats = acc.memory_stats()
+    assert stats["active_bytes.all.current"] == 0  # freed, not stranded
+    acc.empty_cache()
+    assert acc.memory_reserved() == 0
+
+
+def test_max_split_size_changed_with_live_blocks_keeps_stats_consistent() -> None:
+    backend = SimBackend(device_count=1)
+    alloc = CachingAllocator(backend, 0, AllocatorConfig.parse("max_split_size_mb:40"))
+    big = alloc.malloc(50 * MiB, 0)  # oversize under 40 MiB
+    assert alloc.memory_stats()["oversize_allocations.current"] == 1
+    alloc.set_config(AllocatorConfig.parse("max_split_size_mb:100"))
+    stats = alloc.memory_stats()
+    assert stats["oversize_allocations.current"] == 0 and stats["oversize_segments.current"] == 0
+    alloc.free(big)
+    alloc.set_config(AllocatorConfig())
+    alloc.empty_cache()
+    stats = alloc.memory_stats()
+    assert stats["oversize_allocations.current"] == stats["oversize_segments.current"] == 0
+    assert all(v >= 0 for k, v in stats.items() if k.endswith(".current"))
+
+
+def test_unrelated_setting_keeps_the_memory_fraction(sim: str) -> None:
+    acc.empty(1).free()
+    acc.set_allocator_settings("per_process_memory_fraction:0.5")
+    acc.set_per_process_memory_fraction(0.25)
+    acc.set_allocator_settings("garbage_collection_threshold:0.9")  # must not restore 0.5
+    with pytest.raises(acc.OutOfMemoryError, match=r"accelrt may use 20\.00 GiB"):
+        acc.empty(30 << 30)
+
+
+def test_opencl_enforces_the_device_capacity(opencl: str) -> None:
+    free, total = acc.get_memory_info()
+    held = [acc.empty(total // 4) for _ in range(4)]
+    with pytest.raises(acc.OutOfMemoryError) as info:
+        acc.empty(total // 4)
+    assert info.value.total_bytes == total and info.value.free_bytes == 0
+    for buf in held:
+        buf.free()
+    acc.empty_cache()
+    assert acc.get_memory_info() == (total, total)
+    acc.empty(total // 4).free()  # usable again
+
+
+def test_wrong_types_name_the_argument(sim: str) -> None:
+    with pytest.raises(TypeError, match=r"Event.record\(\) takes a Stream, got str"):
+        acc.Event().record("x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"elapsed_time\(\) takes an Event, got int"):
+        acc.Event(enable_timing=True).elapsed_time(3)  # type: ignore[arg-type]
+    buf = acc.empty(16)
+    host = bytearray(16)
+    with pytest.raises(TypeError, match=r"copy_\(\) stream must be an accelrt.Stream, got str"):
+        acc.copy_(host, buf, stream="s")  # type: ignore[arg-type]
+    buf.free()
