@@ -53,7 +53,7 @@ def test_unrelated_setting_keeps_the_memory_fraction(sim: str) -> None:
 
 
 def test_opencl_enforces_the_device_capacity(opencl: str) -> None:
-    free, total = acc.get_memory_info()
+    _, total = acc.get_memory_info()
     held = [acc.empty(total // 4) for _ in range(4)]
     with pytest.raises(acc.OutOfMemoryError) as info:
         acc.empty(total // 4)
