@@ -15,17 +15,19 @@ pairs of free lists of their own. History is an observer behind one hook (``_obs
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import threading
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import OutOfMemoryError
 from .._units import format_bytes
 from ..backends._base import Backend
+from ._atomic import PENDING, atomic, deliver, protect_sigint, register
 from ._block import DEFAULT_POOL_ID, Block, BlockPool, PoolId
 from ._config import AllocatorConfig
 from ._history import (
@@ -100,6 +102,7 @@ class CachingAllocator:
         self._segments: dict[int, AnySegment] = {}
         self._events: dict[int, deque[tuple[Any, Block]]] = {}
         self._idle_events: list[Any] = []
+        self._finalized: list[Callable[[], None]] = []  # finalisers' work, run after an op
         self._reserved = 0
         self._allowed_max: int | None = None
         self._fraction_from_config: float | None = None
@@ -109,9 +112,11 @@ class CachingAllocator:
         self.stats = DeviceStats(max_split_size=-1)
         self._warned_expandable = False
         self._observer: History | None = None
+        protect_sigint()
         self.set_config(config if config is not None else AllocatorConfig())
 
     # ------------------------------------------------------------------ settings
+    @atomic
     def set_config(self, config: AllocatorConfig) -> None:
         """Apply new settings to future requests; cached blocks stay as they are.
 
@@ -168,6 +173,7 @@ class CachingAllocator:
         """Whether new memory comes from expandable segments (setting on and backend able)."""
         return self._expandable
 
+    @atomic
     def set_memory_fraction(self, fraction: float) -> None:
         """Cap reserved memory at ``fraction`` of the device's total memory.
 
@@ -223,20 +229,26 @@ class CachingAllocator:
                 + (": no device has that much memory" if nbytes > MAX_REQUEST_BYTES else "")
             )
         with self._lock:
-            if self._events:
-                self._process_events()
-            size = round_size(nbytes, self.config)
-            if self._routes:
-                pool = self._routed_pool(size)
-            else:
-                pool = self._small if size <= K_SMALL_SIZE else self._large
-            block = self._get_free_block(pool, size, stream)
-            if block is None:
-                block = self._malloc_slow(pool, size, nbytes, stream)
-            block = self._alloc_found_block(block, size, nbytes)
-            if self._observer is not None:
-                self._observer.record("alloc", block.address, nbytes, stream, block)
-            return block
+            try:  # atomic: all or nothing, even under KeyboardInterrupt
+                if self._finalized:
+                    self._free_finalized()
+                if self._events:
+                    self._process_events()
+                size = round_size(nbytes, self.config)
+                if self._routes:
+                    pool = self._routed_pool(size)
+                else:
+                    pool = self._small if size <= K_SMALL_SIZE else self._large
+                block = self._get_free_block(pool, size, stream)
+                if block is None:
+                    block = self._malloc_slow(pool, size, nbytes, stream)
+                block = self._alloc_found_block(block, size, nbytes)
+                if self._observer is not None:
+                    self._observer.record("alloc", block.address, nbytes, stream, block)
+                return block
+            finally:
+                if PENDING.flag:
+                    deliver()
 
     def _routed_pool(self, size: int) -> BlockPool:
         ids = self._routes.get(threading.get_ident())
@@ -323,6 +335,8 @@ class CachingAllocator:
     def _grow_expandable(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         """Map pages until a free run of ``size`` bytes exists; return it out of the pool."""
         candidate = self._find_expandable_block(pool, size, stream)
+        if candidate is None:
+            return None
         if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
             return None
         while candidate.size < size:
@@ -334,9 +348,10 @@ class CachingAllocator:
         pool.remove(candidate)
         return candidate
 
-    def _find_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block:
+    def _find_expandable_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         """The lowest-address run of free and unmapped blocks of ``size`` bytes on ``stream``,
-        in a new expandable segment if no existing one has room (section 7)."""
+        in a new expandable segment if no existing one has room (section 7); None when even a
+        new one could not hold ``size`` (its address range is given back at once)."""
         for unmapped in pool.unmapped_blocks(stream):
             start = unmapped
             if unmapped.prev is not None and unmapped.prev.is_free():
@@ -349,6 +364,9 @@ class CachingAllocator:
             if room >= size:
                 return start
         segment = self._source.reserve(stream, pool)
+        if segment.size < size:  # larger than the device: PyTorch would keep the range
+            segment.release()
+            return None
         self._segments[segment.address] = segment
         block = Block(segment.address, segment.size, stream, pool, segment)
         block.mapped = False
@@ -457,6 +475,7 @@ class CachingAllocator:
         if block.size >= self._max_split:
             stats.oversize_allocations.increase(1)
 
+    @atomic
     def restore_segment(
         self,
         size: int,
@@ -613,22 +632,50 @@ class CachingAllocator:
                     f"{self.device_name}: block at {block.address:#x} is not allocated by this "
                     "allocator (freed twice, or from another device)"
                 )
-            stats = self.stats
-            is_small = block.pool.is_small
-            block.allocated = False
-            if self._observer is not None:
-                self._observer.record(
-                    "free_requested", block.address, block.requested_size, block.stream, block
-                )
-            stats.allocation.decrease(is_small, 1)
-            stats.allocated_bytes.decrease(is_small, block.size)
-            if block.size >= self._max_split:
-                stats.oversize_allocations.decrease(1)
-            if block.stream_uses:
-                self._insert_events(block)
-            else:
-                self._free_block(block)
+            try:  # atomic: all or nothing, even under KeyboardInterrupt
+                stats = self.stats
+                is_small = block.pool.is_small
+                if self._observer is not None:
+                    self._observer.record(
+                        "free_requested", block.address, block.requested_size, block.stream, block
+                    )
+                block.allocated = False
+                stats.allocation.decrease(is_small, 1)
+                stats.allocated_bytes.decrease(is_small, block.size)
+                if block.size >= self._max_split:
+                    stats.oversize_allocations.decrease(1)
+                if block.stream_uses:
+                    self._insert_events(block)
+                else:
+                    self._free_block(block)
+            finally:
+                if PENDING.flag:
+                    deliver()
 
+    @atomic
+    def free_soon(self, block: Block) -> None:
+        """Free ``block`` now, or, when called inside one of this allocator's operations on
+        this thread (a finaliser the garbage collector ran there), as that operation ends.
+
+        For finalisers: nothing re-enters an operation half-way. Errors are as :meth:`free`
+        (raised later ones are dropped: the block was not allocated then).
+        """
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            self._finalized.append(functools.partial(self._free_if_allocated, block))
+        else:
+            self.free(block)
+
+    def _free_if_allocated(self, block: Block) -> None:
+        if self._active.get(block.address) is block and block.allocated:
+            self.free(block)
+
+    def _free_finalized(self) -> None:
+        """Run what finalisers asked for inside an operation (frees, pools let go)."""
+        work, self._finalized = self._finalized, []
+        for item in work:
+            item()
+
+    @atomic
     def record_stream(self, block: Block, stream: int) -> None:
         """Note that ``block`` is used on ``stream``; its free then waits for that stream.
 
@@ -766,16 +813,22 @@ class CachingAllocator:
         return src.size
 
     # ------------------------------------------------------------------ releasing
+    @atomic
     def empty_cache(self) -> None:
         """Wait for pending frees, then return every cached, unused segment to the device.
 
         Mirrors ``torch.cuda.empty_cache``: ordinary segments with no allocated block are
         released, whole free pages of expandable segments are unmapped, in every pool
         (private ones too). Blocks still allocated, and free pieces of partly used ordinary
-        segments, stay. The events the allocator keeps for reuse are destroyed.
+        segments, stay. Unlike PyTorch, the address ranges of expandable segments with nothing
+        mapped are given back too. The events the allocator keeps for reuse are destroyed.
         """
         with self._lock:
+            if self._finalized:
+                self._free_finalized()
             self._release_cached_blocks()
+            for pool in self._all_pools():
+                self._release_unused_ranges(pool)
             for event in self._idle_events:
                 self.backend.event_destroy(event)
             self._idle_events.clear()
@@ -803,6 +856,18 @@ class CachingAllocator:
             self._unmap_block(block)
             if block.prev is None and block.next is None and not block.mapped:
                 self._release_expandable(block)
+
+    def _release_unused_ranges(self, pool: BlockPool) -> None:
+        """Give back the address ranges of the pool's expandable segments with nothing mapped.
+
+        Only ``empty_cache()`` and a released pool do this (the OOM retry, as PyTorch's, keeps
+        them for the next request): a range whose first map ran out of memory holds no memory
+        but would otherwise stay reserved for ever.
+        """
+        for stream in pool.unmapped_streams():
+            for block in pool.unmapped_blocks(stream):
+                if block.prev is None and block.next is None:
+                    self._release_expandable(block)
 
     def _release_block(self, block: Block) -> None:
         stats = self.stats
@@ -916,18 +981,21 @@ class CachingAllocator:
         )
 
     # ------------------------------------------------------------------ private pools
+    @atomic
     def create_pool(self, pool_id: PoolId) -> None:
         """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist."""
         with self._lock:
             if pool_id not in self._private:
                 self._private[pool_id] = _PrivatePool(pool_id)
 
+    @atomic
     def begin_allocate_to_pool(self, pool_id: PoolId) -> None:
         """Route the calling thread's allocations to private pool ``pool_id`` (nestable)."""
         with self._lock:
             self.create_pool(pool_id)
             self._routes.setdefault(threading.get_ident(), []).append(pool_id)
 
+    @atomic
     def end_allocate_to_pool(self, pool_id: PoolId) -> None:
         """Undo the calling thread's latest :meth:`begin_allocate_to_pool` of ``pool_id``.
 
@@ -947,11 +1015,16 @@ class CachingAllocator:
             if not ids:
                 del self._routes[ident]
 
+    @atomic
     def release_pool(self, pool_id: PoolId) -> None:
         """The pool's owner is gone: release what it caches now, the rest as its blocks are freed.
 
-        The pool's id is forgotten once it holds no segment.
+        The pool's id is forgotten once it holds no segment. Called by a finaliser, so inside
+        an operation of this allocator on this thread it waits for that operation to end.
         """
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            self._finalized.append(functools.partial(self.release_pool, pool_id))
+            return
         with self._lock:
             private = self._private.get(pool_id)
             if private is not None:
@@ -964,6 +1037,7 @@ class CachingAllocator:
             return
         for pool in (private.large, private.small):  # nothing can allocate from it any more
             self._release_pool_blocks(pool)
+            self._release_unused_ranges(pool)
         if not any(s.pool.pool_id == pool_id for s in self._segments.values()):
             del self._private[pool_id]
 
@@ -973,6 +1047,7 @@ class CachingAllocator:
             return list(self._private)
 
     # ------------------------------------------------------------------ history, snapshots
+    @atomic
     def record_history(
         self, enabled: EnabledMode | None, context: ContextMode | None, max_entries: int
     ) -> None:
@@ -1045,11 +1120,13 @@ class CachingAllocator:
         with self._lock:
             return self.stats.as_dict()
 
+    @atomic
     def reset_peak_memory_stats(self) -> None:
         """Set every peak to its current value."""
         with self._lock:
             self.stats.reset_peak()
 
+    @atomic
     def reset_accumulated_memory_stats(self) -> None:
         """Zero the allocated/freed sums and the num_* counters."""
         with self._lock:
@@ -1082,6 +1159,10 @@ class CachingAllocator:
         if block is None:  # allocated and pending-free blocks are in _active, free ones not
             block = segment.pool.get(address)
         return block
+
+
+register(CachingAllocator.malloc)  # the hot paths test PENDING themselves
+register(CachingAllocator.free)
 
 
 def _growable_size(block: Block) -> int:

@@ -15,6 +15,7 @@ from .._device import DeviceLike
 from .._stream import Stream, current_stream
 from . import _registry
 from ._allocator import CachingAllocator, _as_size
+from ._atomic import PENDING, deliver, register
 from ._buffer import Buffer
 from ._config import AllocatorConfig
 
@@ -94,7 +95,14 @@ def empty(nbytes: int, *, device: DeviceLike = None, stream: Stream | None = Non
     if nbytes == 0:
         return Buffer(None, None, 0, stream)
     allocator = _registry.get_allocator(backend, index)
-    return Buffer(allocator, allocator.malloc(nbytes, stream._handle), nbytes, stream)
+    try:  # atomic: the block is never allocated without a Buffer that frees it
+        return Buffer(allocator, allocator.malloc(nbytes, stream._handle), nbytes, stream)
+    finally:
+        if PENDING.flag:
+            deliver()
+
+
+register(empty)
 
 
 def record_stream(buffer: Buffer, stream: Stream) -> None:

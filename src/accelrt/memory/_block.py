@@ -186,6 +186,10 @@ class BlockPool:
         """Return the unmapped blocks on ``stream`` in address order."""
         return [self._unmapped[a] for a in self._unmapped_keys.get(stream, [])]
 
+    def unmapped_streams(self) -> list[int]:
+        """Return the streams that have unmapped blocks in this pool."""
+        return [stream for stream, keys in self._unmapped_keys.items() if keys]
+
     def unmapped_count(self) -> int:
         """Return how many unmapped blocks the pool holds."""
         return len(self._unmapped)

@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._device import Device
+from ._atomic import PENDING, deliver, register
 
 if TYPE_CHECKING:
     import numpy as np
@@ -109,9 +110,13 @@ class Buffer:
 
     def free(self) -> None:
         """Give the memory back to the caching allocator. Freeing twice does nothing."""
-        block, self._block = self._block, None
-        if block is not None and self._allocator is not None:
-            self._allocator.free(block)
+        try:  # atomic: the block is freed exactly when the buffer lets go of it
+            block, self._block = self._block, None
+            if block is not None and self._allocator is not None:
+                self._allocator.free(block)
+        finally:
+            if PENDING.flag:
+                deliver()
 
     def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
@@ -180,7 +185,18 @@ class Buffer:
         return f"Buffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device!s}{state})"
 
     def __del__(self) -> None:
-        try:  # noqa: SIM105 - no imports in __del__: it may run at interpreter exit
-            self.free()
+        # A finaliser may run anywhere, even inside an allocator call on this thread (the
+        # garbage collector runs when objects are made): free_soon never re-enters one.
+        try:  # no imports in __del__: it may run at interpreter exit
+            block, self._block = self._block, None
+            if block is not None and self._allocator is not None:
+                self._allocator.free_soon(block)
         except Exception:  # __del__ never raises
             pass
+        finally:  # atomic (a KeyboardInterrupt here would be dropped with the free undone)
+            if PENDING.flag:
+                deliver()
+
+
+register(Buffer.free)
+register(Buffer.__del__)

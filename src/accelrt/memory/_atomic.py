@@ -1,0 +1,105 @@
+"""All-or-nothing allocator operations: a KeyboardInterrupt never cuts one in half.
+
+CPython raises ``KeyboardInterrupt`` (and whatever a Python signal handler raises) between
+bytecodes, so a plain Python allocator interrupted half-way through a ``malloc`` or a ``free``
+would be left with a block in no list, or statistics that disagree with its blocks. So the
+functions that change an allocator are *atomic*: their code objects are registered here, and
+the SIGINT handler installed by :func:`protect_sigint` looks at the interrupted stack. Inside
+an atomic function it only notes the signal (``PENDING``); every atomic function checks that
+note as it returns and hands the signal on (:func:`deliver`), so the program sees its
+KeyboardInterrupt right after the operation, which happened completely or not at all. The
+hot path pays one flag test per call; a signal arriving before the function's first bytecode
+interrupts before anything changed.
+
+:func:`atomic` registers a function (wrapping it with the check, for the less frequent
+paths); the hot paths register themselves with :func:`register` and test ``PENDING.flag`` in
+a ``finally`` of their own. Exceptions other than signals (backend errors, out of memory) are
+raised where nothing has changed yet or the state is consistent; docs/reliability.md lists
+them.
+
+The handler wraps whatever Python handler is in place when the first allocator is made on the
+main thread (the default raises KeyboardInterrupt). A handler the program installs later
+replaces it, and then interrupts are no longer deferred.
+"""
+
+from __future__ import annotations
+
+import _thread
+import functools
+import signal
+import threading
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any, TypeVar, cast
+
+__all__ = ["PENDING", "atomic", "deliver", "protect_sigint", "register"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Pending:
+    """Whether a SIGINT arrived inside an atomic function and still waits to be delivered."""
+
+    __slots__ = ("flag",)
+
+    def __init__(self) -> None:
+        self.flag = False
+
+
+PENDING = _Pending()
+_atomic_code: set[CodeType] = set()
+_wrapped: list[Any] = []  # the handler in place when ours was installed
+
+
+def register(func: F) -> F:
+    """Mark ``func`` atomic; it must test ``PENDING.flag`` (and :func:`deliver`) as it returns."""
+    _atomic_code.add(func.__code__)
+    return func
+
+
+def deliver() -> None:
+    """Hand on a deferred SIGINT, from a helper thread so that it arrives after this return.
+
+    The handler raises it at the first point where no atomic function is running (inside
+    another one it is deferred again, and that one delivers it as it returns).
+    """
+    PENDING.flag = False
+    _thread.start_new_thread(_thread.interrupt_main, ())
+
+
+def atomic(func: F) -> F:
+    """Return ``func`` made atomic: a SIGINT inside it is delivered when it returns."""
+
+    @functools.wraps(func)
+    def atomic_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if PENDING.flag:
+                deliver()
+
+    _atomic_code.add(func.__code__)
+    _atomic_code.add(cast(Any, atomic_call).__code__)
+    return atomic_call  # type: ignore[return-value]
+
+
+def _deferring_handler(signum: int, frame: FrameType | None) -> Any:
+    while frame is not None:
+        if frame.f_code in _atomic_code:
+            PENDING.flag = True
+            return None
+        frame = frame.f_back
+    return _wrapped[0](signum, frame)
+
+
+def protect_sigint() -> None:
+    """Defer SIGINT inside atomic functions; no-op off the main thread or if installed.
+
+    Only a Python-level handler is wrapped; an ignored or OS-default SIGINT is left alone.
+    """
+    if _wrapped or threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGINT)
+    if callable(current) and current is not _deferring_handler:
+        _wrapped.append(current)
+        signal.signal(signal.SIGINT, _deferring_handler)
