@@ -27,7 +27,10 @@ _UNITS: dict[str, int] = {
     "gb": 1000**3,
     "tb": 1000**4,
 }
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
+MAX_BYTES = 1 << 63
+"""Sizes must be below this (8 EiB): every byte count fits a signed 64-bit integer."""
+_MAX_FRACTION_DIGITS = 50  # 2**-40 (a byte of a TiB) needs 40; more is noise
 
 
 def parse_bytes(value: int | str, *, name: str = "size") -> int:
@@ -52,7 +55,9 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
     TypeError
         If ``value`` is neither ``int`` nor ``str`` (``bool`` is refused too).
     ValueError
-        If ``value`` is negative, or a string that is not a number with a known unit.
+        If ``value`` is negative or not below 2**63 bytes, or a string that is not an ASCII
+        decimal number with a known unit (``nan``, ``inf``, exponents and non-ASCII digits are
+        refused).
 
     Examples
     --------
@@ -69,23 +74,38 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{name} must be >= 0 bytes, got {value}")
+        if value >= MAX_BYTES:
+            raise ValueError(f"{name} must be less than 2**63 bytes (8 EiB), got {value}")
         return value
     match = _SIZE_RE.match(value)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        if value.strip().startswith("-"):
+            raise ValueError(f"{name} must be >= 0 bytes, got {shown!r}")
         raise ValueError(
-            f"cannot parse {name} {value!r}: expected a number of bytes with an optional unit "
+            f"cannot parse {name} {shown!r}: expected a number of bytes with an optional unit "
             "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. '512MiB'"
         )
     number: str = match.group(1)
     multiplier = _UNITS[str(unit)]
-    if "." in number:
-        whole, _, frac = number.partition(".")
-        scale = 10 ** len(frac)
-        exact: int = (int(whole or "0") * scale + int(frac or "0")) * multiplier // scale
-        return exact
-    whole_bytes: int = int(number) * multiplier
-    return whole_bytes
+    whole, _, frac = number.partition(".")
+    whole = whole.lstrip("0")
+    # bound the digits before int(): 2**63 has 19, and Python refuses to convert 4300+
+    if len(whole) > 20 or len(frac) > _MAX_FRACTION_DIGITS:
+        shown = value.strip() if len(value.strip()) <= 40 else value.strip()[:37] + "..."
+        raise ValueError(
+            f"{name} {shown!r} has too many digits: a size must be less than 2**63 bytes "
+            f"(8 EiB), with at most {_MAX_FRACTION_DIGITS} decimals"
+        )
+    scale = 10 ** len(frac)
+    nbytes: int = (int(whole or "0") * scale + int(frac or "0")) * multiplier // scale
+    if nbytes >= MAX_BYTES:
+        raise ValueError(
+            f"{name} {value.strip()!r} is {nbytes} bytes; a size must be less than 2**63 "
+            "bytes (8 EiB)"
+        )
+    return nbytes
 
 
 def format_bytes(nbytes: int) -> str:

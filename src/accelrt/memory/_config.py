@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,15 @@ __all__ = ["ENV_VAR", "AllocatorConfig"]
 ENV_VAR = "ACCELRT_ALLOC_CONF"
 MiB = 1024 * 1024
 NUM_ROUNDUP_SLOTS = 16
+MAX_MB = 1 << 40
+"""The largest MiB value a ``*_mb`` setting takes: 2**40 MiB (1 EiB), far beyond any device,
+and below the 2**62 bytes up to which :meth:`AllocatorConfig.from_torch_settings` reads sizes."""
+MAX_DIVISIONS = 1 << 16
+"""The largest ``roundup_power2_divisions`` value."""
+_DIGITS_RE = re.compile(r"[0-9]{1,30}", re.ASCII)
+_DECIMAL_RE = re.compile(
+    r"(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?", re.ASCII
+)
 _KEYS = (
     "max_split_size_mb",
     "max_non_split_rounding_mb",
@@ -112,9 +123,12 @@ class AllocatorConfig:
         Raises
         ------
         TypeError
-            If ``value`` is of another type.
+            If ``value`` is of another type, or a mapping's value is of the wrong type for its
+            key (``int`` or ``str`` for the ``*_mb`` keys, a number or ``str`` for the
+            fractions, ``bool`` or ``str`` for the switches); the message names the key.
         ValueError
-            As :meth:`parse`.
+            As :meth:`parse` (strings are read the same way whether given alone or in a
+            mapping).
         """
         config = base if base is not None else cls()
         if value is None:
@@ -184,11 +198,14 @@ class AllocatorConfig:
             parts.append("expandable_segments:True")
         divisions = recorded.get("roundup_power2_divisions")
         if isinstance(divisions, Mapping) and any(divisions.values()):
-            ordered = sorted((int(k), int(v)) for k, v in divisions.items())
+            ordered = sorted(_recorded_division(k, v) for k, v in divisions.items())
             parts.append(
                 "roundup_power2_divisions:[" + ",".join(f"{k}:{v}" for k, v in ordered) + "]"
             )
-        return cls.parse(",".join(parts))
+        try:
+            return cls.parse(",".join(parts))
+        except ValueError as exc:
+            raise ValueError(f"{exc} (a recorded setting: the snapshot is damaged)") from None
 
     def to_torch_settings(self) -> dict[str, Any]:
         """Return the settings as a snapshot's ``allocator_settings``, with PyTorch's keys.
@@ -238,6 +255,17 @@ class AllocatorConfig:
         if self.release_lock_on_malloc:
             parts.append("release_lock_on_malloc:True")
         return ",".join(parts) or "defaults"
+
+
+def _recorded_division(key: Any, value: Any) -> tuple[int, int]:
+    """One ``{"<MiB>": divisions}`` entry of recorded settings, as two ints."""
+    size_mb, divisions = _ascii_int(key), _ascii_int(value)
+    if size_mb is None or divisions is None:
+        raise ValueError(
+            f"roundup_power2_divisions entry {_shown(key)}: {_shown(value)} is not a pair of "
+            "whole numbers (MiB: divisions) (a recorded setting: the snapshot is damaged)"
+        )
+    return size_mb, divisions
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
@@ -293,23 +321,59 @@ def _convert(key: str, raw: Any) -> dict[str, Any]:
     raise ValueError(f"unknown allocator setting {key!r}; known settings: {', '.join(_KEYS)}")
 
 
+def _shown(raw: Any) -> str:
+    """``repr(raw)``, cut short for messages."""
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _ascii_int(raw: Any) -> int | None:
+    """``raw`` as an int if it is an int (not bool) or a string of ASCII digits, else None."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and _DIGITS_RE.fullmatch(raw.strip()):
+        return int(raw.strip())
+    return None
+
+
+def _check_type(key: str, raw: Any, types: tuple[type, ...], what: str) -> None:
+    """Refuse a value of another type than ``types`` (from a mapping; bool is refused too)."""
+    if isinstance(raw, bool) or not isinstance(raw, types):
+        raise TypeError(f"{key} must be {what}, got {type(raw).__name__} {_shown(raw)}")
+
+
 def _int_at_least(key: str, raw: Any, minimum: int) -> int:
-    try:
-        value = int(raw) if not isinstance(raw, bool) and str(raw).strip().isdigit() else None
-    except (TypeError, ValueError):
-        value = None
+    _check_type(key, raw, (int, str), f"an integer >= {minimum} (MiB)")
+    value = _ascii_int(raw)
+    allowed = f"allowed: ASCII digits, {minimum} to {MAX_MB} (2**40)"
     if value is None or value < minimum:
-        raise ValueError(f"{key} must be an integer >= {minimum} (MiB), got {raw!r}")
+        raise ValueError(
+            f"{key} must be an integer >= {minimum} (MiB), got {_shown(raw)}; {allowed}"
+        )
+    if value > MAX_MB:
+        raise ValueError(f"{key} must be at most {MAX_MB} (MiB), got {_shown(raw)}; {allowed}")
     return value
 
 
 def _float(key: str, raw: Any) -> float:
-    if isinstance(raw, bool):
-        raise ValueError(f"{key} must be a number, got {raw!r}")
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key} must be a number, got {raw!r}") from None
+    _check_type(key, raw, (int, float, str), "a number")
+    value = math.nan
+    if isinstance(raw, str):
+        if _DECIMAL_RE.fullmatch(raw.strip()):
+            value = float(raw.strip())
+    else:
+        try:
+            value = float(raw)
+        except OverflowError:  # an int beyond float range
+            value = math.inf
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{key} must be a number, got {_shown(raw)}; allowed: an ASCII decimal number "
+            "such as 0.5 (not nan or inf)"
+        )
+    return value
 
 
 def _bool(key: str, raw: Any) -> bool:
@@ -322,11 +386,18 @@ def _bool(key: str, raw: Any) -> bool:
     raise ValueError(f"{key} must be True or False, got {raw!r}")
 
 
-def _division_value(raw: str) -> int:
-    value = int(raw) if raw.strip().isdigit() else -1
-    if value < 0 or (value & (value - 1)) != 0:
+def _division_value(raw: Any) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise TypeError(
+            "roundup_power2_divisions values must be integers, got "
+            f"{type(raw).__name__} {_shown(raw)}"
+        )
+    value = _ascii_int(raw)
+    if value is None or value < 0 or value > MAX_DIVISIONS or (value & (value - 1)) != 0:
+        shown = _shown(raw if isinstance(raw, str) else str(raw))
         raise ValueError(
-            f"roundup_power2_divisions values must be 0 or a power of two, got {raw!r}"
+            f"roundup_power2_divisions values must be 0 or a power of two, got {shown}; "
+            f"allowed: 0, 1, 2, 4, ... up to {MAX_DIVISIONS} (2**16), in ASCII digits"
         )
     return value
 
@@ -338,8 +409,15 @@ def _divisions(raw: Any) -> tuple[int, ...]:
                 f"roundup_power2_divisions as a sequence needs {NUM_ROUNDUP_SLOTS} values, "
                 f"got {len(raw)}"
             )
-        return tuple(_division_value(str(v)) for v in raw)
-    text = str(raw).strip()
+        return tuple(_division_value(v) for v in raw)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return (_division_value(raw),) * NUM_ROUNDUP_SLOTS
+    if not isinstance(raw, str):
+        raise TypeError(
+            "roundup_power2_divisions must be a string such as '4' or '[256:1,>:4]', an int, "
+            f"or {NUM_ROUNDUP_SLOTS} ints, got {type(raw).__name__} {_shown(raw)}"
+        )
+    text = raw.strip()
     if not (text.startswith("[") and text.endswith("]")):
         return (_division_value(text),) * NUM_ROUNDUP_SLOTS
     slots = [0] * NUM_ROUNDUP_SLOTS
@@ -357,10 +435,11 @@ def _divisions(raw: Any) -> tuple[int, ...]:
             for i in range(last_index + 1, NUM_ROUNDUP_SLOTS):
                 slots[i] = value
             continue
-        size_mb = int(interval) if interval.isdigit() else 0
-        if size_mb <= 0 or (size_mb & (size_mb - 1)) != 0:
+        size_mb = _ascii_int(interval) or 0
+        if size_mb <= 0 or size_mb > MAX_MB or (size_mb & (size_mb - 1)) != 0:
             raise ValueError(
-                f"roundup_power2_divisions interval {interval!r} must be a power of two in MiB"
+                f"roundup_power2_divisions interval {_shown(interval)} must be a power of two in "
+                f"MiB; allowed: 1, 2, 4, ... up to {MAX_MB} (2**40), in ASCII digits"
             )
         index = min(size_mb.bit_length() - 1, NUM_ROUNDUP_SLOTS - 1)
         if first:

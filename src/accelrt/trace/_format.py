@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
@@ -27,6 +28,10 @@ __all__ = [
 FORMAT = "alloc-trace-jsonl"
 FORMAT_VERSION = 1
 _ACTIONS = ("alloc", "free", "empty_cache")
+_LIMIT = 1 << 63
+"""Sizes and addresses are integers in [0, 2**63); streams in [-2**63, 2**63)."""
+_GZIP_MAGIC = b"\x1f\x8b"
+_PICKLE_MAGIC = b"\x80"  # pickle protocol 2 and later
 
 
 class TraceFormatError(ValueError):
@@ -99,18 +104,63 @@ class Trace:
 def _open_text(path: str | os.PathLike[str]) -> IO[str]:
     with open(path, "rb") as raw:
         magic = raw.read(2)
-    if magic == b"\x1f\x8b":
+    if magic == _GZIP_MAGIC:
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
     return open(path, encoding="utf-8")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut short for messages."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _int_field(obj: dict[str, Any], key: str, where: str, *, minimum: int | None = 0) -> int:
     value = obj.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {value!r}")
+        raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {_shown(value)}")
     if minimum is not None and value < minimum:
-        raise TraceFormatError(f"{where}: field {key!r} must be >= {minimum}, got {value}")
+        raise TraceFormatError(f"{where}: field {key!r} must be >= {minimum}, got {_shown(value)}")
+    if not -_LIMIT <= value < _LIMIT:
+        low = "0" if minimum == 0 else "-2**63"
+        raise TraceFormatError(
+            f"{where}: field {key!r} must be an integer in [{low}, 2**63), got {_shown(value)}"
+        )
     return value
+
+
+def sniff(path: str | os.PathLike[str]) -> str:
+    """Tell what a file is from its first bytes, without reading it all.
+
+    Returns
+    -------
+    str
+        ``"jsonl"`` (JSON text, maybe gzip'd: an accelrt trace or something like it),
+        ``"pickle"`` (protocol 2 or later, as snapshots are), ``"gzip"`` (gzip'd, not JSON),
+        ``"empty"``, or ``"unknown"``.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be opened (missing, a directory, no permission).
+    """
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head.startswith(_GZIP_MAGIC):
+        try:
+            with gzip.open(path, "rb") as z:
+                head = z.read(64)
+        except (OSError, EOFError, zlib.error):
+            return "gzip"
+        return "jsonl" if head.lstrip()[:1] in (b"{", b"[", b"") else "gzip"
+    if not head:
+        return "empty"
+    if head.startswith(_PICKLE_MAGIC):
+        return "pickle"
+    first = head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]  # a UTF-8 BOM: load names it
+    if first in (b"{", b"[") or not first:  # not first: blank lines, JSON may follow
+        return "jsonl"
+    return "unknown"
 
 
 class _LiveSet:
@@ -165,9 +215,11 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
     FileNotFoundError
         If the file does not exist.
     TraceFormatError
-        If any line is not valid: not JSON, not an object, a wrong header, an unknown action,
-        a missing or negative field, an alloc of a live address, or a free of an address that
-        is not live. The message names the file and the line.
+        If any line is not valid: not JSON, not an object, a wrong header (or a header
+        ``device_capacity_bytes`` that is not an integer in [0, 2**63)), an unknown action, a
+        missing field, an ``addr`` or ``size`` that is not an integer in [0, 2**63) (a
+        ``stream`` in [-2**63, 2**63)), an alloc of a live address, or a free of an address
+        that is not live. The message names the file and the line.
     """
     name = os.fspath(path)
     events: list[TraceEvent] = []
@@ -184,6 +236,15 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise TraceFormatError(f"{where}: not valid JSON ({exc.msg})") from None
+                except ValueError:  # an integer of more digits than Python converts (4300)
+                    raise TraceFormatError(
+                        f"{where}: a number with too many digits; sizes and addresses must be "
+                        "integers in [0, 2**63)"
+                    ) from None
+                except RecursionError:
+                    raise TraceFormatError(
+                        f"{where}: JSON nested too deeply; expected a flat event object"
+                    ) from None
                 if not isinstance(obj, dict):
                     raise TraceFormatError(f"{where}: expected a JSON object, got {line[:60]!r}")
                 if header is None:
@@ -192,7 +253,8 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
                 action = obj.get("action")
                 if action not in _ACTIONS:
                     raise TraceFormatError(
-                        f"{where}: unknown action {action!r}; expected one of {', '.join(_ACTIONS)}"
+                        f"{where}: unknown action {_shown(action)}; expected one of "
+                        f"{', '.join(_ACTIONS)}"
                     )
                 if action == "empty_cache":
                     events.append(TraceEvent("empty_cache", 0, 0, 0))
@@ -209,9 +271,11 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
                     events.append(TraceEvent(action, addr, size, stream))
                 else:
                     skipped += 1
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
+        if isinstance(exc, IsADirectoryError):
+            raise TraceFormatError(f"{name} is a directory, not a trace file") from None
         raise TraceFormatError(f"{name}: cannot read trace ({exc})") from None
     if header is None:
         raise TraceFormatError(f"{name}: empty file, expected a header line")
@@ -251,17 +315,29 @@ def load(
     FileNotFoundError
         If the file does not exist.
     TraceFormatError
-        For a malformed trace, or a pickle that names any code (refused unread: nothing runs).
+        For a malformed trace, a file that is neither a trace nor a snapshot pickle, a
+        directory, or a pickle that names any code (refused unread: nothing runs).
     """
-    with open(path, "rb") as f:
-        magic = f.read(1)
-    if magic == b"\x80":  # pickle protocol 2 and later
+    name = os.fspath(path)
+    try:
+        kind = sniff(path)
+    except (IsADirectoryError, PermissionError) as exc:
+        what = "is a directory" if isinstance(exc, IsADirectoryError) else "cannot be read"
+        raise TraceFormatError(
+            f"{name} {what}; give an accelrt trace (.jsonl.gz) or a snapshot pickle"
+        ) from None
+    if kind == "pickle":
         from ._snapshot import read_snapshot, trace_from_snapshot
 
-        name = os.fspath(path)
         return trace_from_snapshot(read_snapshot(name), device=device_index, path=name)
+    if kind in ("gzip", "unknown"):
+        raise TraceFormatError(
+            f"{name} is neither an accelrt trace (JSON Lines, maybe gzip'd, whose first line is "
+            "a header object) nor a PyTorch snapshot pickle (protocol 2 or later)"
+            + ("; it is gzip'd but not JSON" if kind == "gzip" else "")
+        )
     if device_index is not None:
-        raise TraceFormatError(f"{os.fspath(path)}: device_index applies to snapshots only")
+        raise TraceFormatError(f"{name}: device_index applies to snapshots only")
     return load_jsonl(path, include_host=include_host)
 
 
@@ -274,8 +350,11 @@ def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
     version = obj.get("format_version")
     if version != FORMAT_VERSION:
         raise TraceFormatError(
-            f"{where}: unsupported format_version {version!r}; this accelrt reads {FORMAT_VERSION}"
+            f"{where}: unsupported format_version {_shown(version)}; this accelrt reads "
+            f"{FORMAT_VERSION}"
         )
+    if "device_capacity_bytes" in obj:
+        _int_field(obj, "device_capacity_bytes", f"{where}: header")
     return obj
 
 
@@ -303,20 +382,36 @@ def write(
     Raises
     ------
     TraceFormatError
-        If the events are inconsistent (a free of an address that is not live, ...).
+        If the events are inconsistent (a free of an address that is not live, ...) or hold
+        what :func:`load` refuses (an unknown action; an ``addr`` or ``size`` that is not an
+        integer in [0, 2**63); a header ``device_capacity_bytes`` out of that range).
     """
     rows = [e._asdict() if isinstance(e, TraceEvent) else dict(e) for e in events]
     live = _LiveSet()
     allocs = frees = 0
     for line, row in enumerate(rows, start=2):
-        if row.get("action") == "alloc":
-            live.alloc(row["addr"], row["size"], f"event on line {line}")
+        where = f"event on line {line}"
+        action = row.get("action")
+        if action not in _ACTIONS:  # what load would refuse is not written
+            raise TraceFormatError(
+                f"{where}: unknown action {_shown(action)}; expected one of {', '.join(_ACTIONS)}"
+            )
+        if action == "empty_cache":
+            continue
+        addr = _int_field(row, "addr", where)
+        size = _int_field(row, "size", where)
+        if "stream" in row:
+            _int_field(row, "stream", where, minimum=None)
+        if action == "alloc":
+            live.alloc(addr, size, where)
             allocs += 1
-        elif row.get("action") == "free":
-            live.free(row["addr"], f"event on line {line}")
+        else:
+            live.free(addr, where)
             frees += 1
     full_header: dict[str, Any] = {"type": "header", "format": FORMAT, "format_version": 1}
     full_header.update(header or {})
+    if "device_capacity_bytes" in full_header:
+        _int_field(full_header, "device_capacity_bytes", "header")
     full_header["stats"] = {
         "events": len(rows),
         "allocs": allocs,
