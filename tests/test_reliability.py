@@ -75,3 +75,30 @@ def test_wrong_types_name_the_argument(sim: str) -> None:
     with pytest.raises(TypeError, match=r"copy_\(\) stream must be an accelrt.Stream, got str"):
         acc.copy_(host, buf, stream="s")  # type: ignore[arg-type]
     buf.free()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ACCELRT_SIM_CAPACITY": "abc"}, r"cannot parse ACCELRT_SIM_CAPACITY 'abc'"),
+        ({"ACCELRT_SIM_DEVICES": "100000000"}, r"ACCELRT_SIM_DEVICES='100000000': expected"),
+        ({"ACCELRT_SIM_DEVICES": "٣"}, r"ACCELRT_SIM_DEVICES='٣': expected a device count"),
+        ({"ACCELRT_SIM_DEVICES": "0"}, r"ACCELRT_SIM_DEVICES must be 1 to 1024, got 0"),
+    ],
+)
+def test_environment_errors_name_their_variable(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ACCELRT_BACKEND", "sim")
+    with pytest.raises(ValueError, match=message):
+        acc.empty(1)
+    monkeypatch.delenv("ACCELRT_BACKEND")
+
+
+def test_device_strings_are_bounded() -> None:
+    with pytest.raises(ValueError, match=r"an index of at most 9 digits"):
+        acc.Device("sim:" + "9" * 5000)
+    with pytest.raises(ValueError, match=r"in ASCII"):
+        acc.Device("sim:٣")

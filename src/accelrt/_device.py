@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 
 __all__ = ["Device", "DeviceLike", "DeviceProperties"]
 
-_DEVICE_RE = re.compile(r"^([a-z_][a-z0-9_]*)(?::([0-9]+))?$")
+_DEVICE_RE = re.compile(r"^([a-z_][a-z0-9_]*)(?::([0-9]{1,9}))?$", re.ASCII)
 
 
 class Device:
@@ -67,8 +67,8 @@ class Device:
         match = _DEVICE_RE.match(type.strip())
         if match is None:
             raise ValueError(
-                f"invalid device string {type!r}: expected 'TYPE' or 'TYPE:INDEX', "
-                "e.g. 'opencl:0' or 'sim'"
+                f"invalid device string {type[:60]!r}: expected 'TYPE' or 'TYPE:INDEX' in ASCII "
+                "(an index of at most 9 digits), e.g. 'opencl:0' or 'sim'"
             )
         parsed_index = int(match.group(2)) if match.group(2) is not None else None
         if index is not None:

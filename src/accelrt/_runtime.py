@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from ._device import Device, DeviceLike
-from .backends._base import Backend, get_backend
+from .backends._base import Backend, get_backend, registered_backends
 
 __all__ = [
     "accelerator",
@@ -124,10 +124,12 @@ def accelerator() -> Backend | None:
 def _detect() -> Backend | None:
     name = os.environ.get(ENV_BACKEND, "").strip()
     if name:
-        try:
-            return get_backend(name)
-        except ValueError as exc:
-            raise ValueError(f"{ENV_BACKEND}={name!r}: {exc}") from None
+        if name not in registered_backends():
+            try:
+                get_backend(name)  # raises: the message lists the registered backends
+            except ValueError as exc:
+                raise ValueError(f"{ENV_BACKEND}={name!r}: {exc}") from None
+        return get_backend(name)  # the backend's own errors name their own settings
     for candidate in AUTO_ORDER:
         try:
             backend = get_backend(candidate)

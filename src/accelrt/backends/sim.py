@@ -41,6 +41,10 @@ DEVICE_STRIDE = 1 << 44
 SEGMENT_ALIGNMENT = 2 << 20
 DEFAULT_CAPACITY = 80 << 30
 DEFAULT_DEVICE_COUNT = 2
+MAX_DEVICE_COUNT = 1024
+"""At most this many simulated devices (addresses stay below 2**54 + the base)."""
+ENV_DEVICES = "ACCELRT_SIM_DEVICES"
+ENV_CAPACITY = "ACCELRT_SIM_CAPACITY"
 VM_GRANULARITY = 2 << 20
 # Host backing of reserved ranges: private, anonymous, and (on Linux) not counted against the
 # commit limit, so an untouched 90 GiB range costs nothing. Python < 3.13 lacks the constant.
@@ -163,8 +167,11 @@ class SimBackend:
 
     Raises
     ------
+    TypeError
+        If ``device_count`` is not an int.
     ValueError
-        If the device count is < 1 or the capacity cannot be parsed.
+        If the device count is not 1 to 1024, or the capacity cannot be parsed (the message
+        names the environment variable when the value came from one).
 
     Notes
     -----
@@ -177,12 +184,25 @@ class SimBackend:
 
     def __init__(self, device_count: int | None = None, capacity: int | str | None = None) -> None:
         if device_count is None:
-            device_count = int(os.environ.get("ACCELRT_SIM_DEVICES", DEFAULT_DEVICE_COUNT))
-        if device_count < 1:
-            raise ValueError(f"sim device_count must be >= 1, got {device_count}")
+            text = os.environ.get(ENV_DEVICES, str(DEFAULT_DEVICE_COUNT)).strip()
+            if not (text.isascii() and text.isdigit() and len(text) <= 6):
+                raise ValueError(
+                    f"{ENV_DEVICES}={text[:40]!r}: expected a device count in ASCII digits, "
+                    f"1 to {MAX_DEVICE_COUNT}"
+                )
+            device_count = int(text)
+            where = ENV_DEVICES
+        else:
+            where = "sim device_count"
+        if isinstance(device_count, bool) or not isinstance(device_count, int):
+            raise TypeError(f"{where} must be an int, got {device_count!r}")
+        if not 1 <= device_count <= MAX_DEVICE_COUNT:
+            raise ValueError(f"{where} must be 1 to {MAX_DEVICE_COUNT}, got {device_count}")
         if capacity is None:
-            capacity = os.environ.get("ACCELRT_SIM_CAPACITY", DEFAULT_CAPACITY)
-        self.capacity = parse_bytes(capacity, name="sim capacity")
+            capacity = os.environ.get(ENV_CAPACITY, DEFAULT_CAPACITY)
+            self.capacity = parse_bytes(capacity, name=ENV_CAPACITY)
+        else:
+            self.capacity = parse_bytes(capacity, name="sim capacity")
         self._devices = [_SimDevice(i, self.capacity) for i in visible_devices(device_count)]
         self._next_stream = 1
 
