@@ -698,24 +698,16 @@ class CachingAllocator:
             block.stream_uses.add(stream)
 
     def _insert_events(self, block: Block) -> None:
+        """Record an event on every other stream that used the block; free it when none is
+        needed. A stream that cannot take an event (destroyed, or a driver error) is waited
+        for instead, if it still exists: the block is never stranded half-freed."""
         streams = sorted(block.stream_uses or ())
         block.stream_uses = None
         for stream in streams:
-            if self._idle_events:
-                event = self._idle_events.pop()
-            else:
-                event = self.backend.event_create(self.device_index, False)
             try:
-                self.backend.event_record(event, self.device_index, stream)
-            except (ValueError, RuntimeError) as exc:  # the stream was destroyed
-                self._idle_events.append(event)
-                warnings.warn(
-                    f"{self.device_name}: stream {stream:#x}, which used the block at "
-                    f"{block.address:#x} (record_stream), no longer exists ({exc}); a destroyed "
-                    "stream has finished its work, so the free does not wait for it",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
+                event = self._event_on(stream)
+            except Exception as exc:
+                self._wait_instead(block, stream, exc)
                 continue
             block.event_count += 1
             queue = self._events.get(stream)
@@ -724,6 +716,31 @@ class CachingAllocator:
             queue.append((event, block))
         if block.event_count == 0:
             self._free_block(block)
+
+    def _event_on(self, stream: int) -> Any:
+        event = self._idle_events.pop() if self._idle_events else None
+        if event is None:
+            event = self.backend.event_create(self.device_index, False)
+        try:
+            self.backend.event_record(event, self.device_index, stream)
+        except BaseException:
+            self._idle_events.append(event)
+            raise
+        return event
+
+    def _wait_instead(self, block: Block, stream: int, exc: Exception) -> None:
+        try:
+            self.backend.stream_synchronize(self.device_index, stream)
+            how = "waited for the stream instead"
+        except Exception:
+            how = "the stream is gone: a destroyed stream has finished its work"
+        warnings.warn(
+            f"{self.device_name}: no event could be recorded on stream {stream:#x}, which used "
+            f"the block at {block.address:#x} (record_stream): {exc}; {how}, so the free "
+            "does not wait for it",
+            RuntimeWarning,
+            stacklevel=5,
+        )
 
     def _process_events(self) -> None:
         for stream in list(self._events):
