@@ -140,7 +140,7 @@ def test_backend_errors_inside_allocator_calls_leave_it_consistent(failing: str)
     except RuntimeError as exc:
         assert str(exc) == f"injected failure of {failing}"
     assert backend.fail == ""  # the fault was injected
-    for segment, blocks in alloc.segments():  # consistent: free what is left and release all
+    for _, blocks in alloc.segments():  # consistent: free what is left and release all
         for b in blocks:
             if b.allocated:
                 alloc.free(b)
