@@ -541,7 +541,7 @@ _SNAPSHOT = "a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot)
 def _read_snapshot_file(path: str) -> dict[str, Any]:
     """Read a snapshot pickle, first telling the user plainly when the file is something else."""
     from .trace._format import sniff
-    from .trace._snapshot import read_snapshot
+    from .trace._snapshot_schema import read_snapshot
 
     _input_file(path, _SNAPSHOT)
     kind = sniff(path)

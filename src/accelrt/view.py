@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from ._units import format_bytes
 from .memory._history import SegmentInfo
 from .trace._format import Trace
-from .trace._snapshot import devices_with_history, read_snapshot, trace_from_snapshot
+from .trace._snapshot import devices_with_history, trace_from_snapshot
+from .trace._snapshot_schema import read_snapshot
 
 if TYPE_CHECKING:
     from .replay import ReplayReport

@@ -9,8 +9,7 @@ import pytest
 
 import accelrt as acc
 from accelrt.memory._summary import format_summary
-from accelrt.trace import TraceFormatError
-from accelrt.trace._snapshot import read_snapshot
+from accelrt.trace import TraceFormatError, read_snapshot
 
 MiB = 1 << 20
 

@@ -12,6 +12,17 @@ from ._format import TraceEvent as TraceEvent
 from ._format import TraceFormatError as TraceFormatError
 from ._format import load as load
 from ._format import write as write
+from ._snapshot import trace_from_snapshot as trace_from_snapshot
+from ._snapshot_schema import read_snapshot as read_snapshot
 from ._torch import record_torch as record_torch
 
-__all__ = ["Trace", "TraceEvent", "TraceFormatError", "load", "record_torch", "write"]
+__all__ = [
+    "Trace",
+    "TraceEvent",
+    "TraceFormatError",
+    "load",
+    "read_snapshot",
+    "record_torch",
+    "trace_from_snapshot",
+    "write",
+]

@@ -327,7 +327,8 @@ def load(
             f"{name} {what}; give an accelrt trace (.jsonl.gz) or a snapshot pickle"
         ) from None
     if kind == "pickle":
-        from ._snapshot import read_snapshot, trace_from_snapshot
+        from ._snapshot import trace_from_snapshot
+        from ._snapshot_schema import read_snapshot
 
         return trace_from_snapshot(read_snapshot(name), device=device_index, path=name)
     if kind in ("gzip", "unknown"):

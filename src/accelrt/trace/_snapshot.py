@@ -4,11 +4,8 @@ A snapshot (``torch.cuda.memory._dump_snapshot``) holds the allocator's end stat
 their blocks) and, when history was recorded, a ring buffer of events per device. To replay it
 exactly (docs/allocator.md section 13) this module
 
-- reads the pickle with an unpickler that admits only plain data (no globals: nothing runs),
-  after walking its opcodes once without building anything, so that a file cannot claim more
-  memory than its own length backs (huge declared lengths, memo bombs);
-- checks the decoded snapshot against PyTorch's schema, as far as accelrt uses it, naming the
-  place inside the file of anything wrong (``segments[3].blocks[2].size: ...``);
+- reads and checks the file (``_snapshot_schema.read_snapshot``: plain data only, nothing
+  runs, errors name the place inside the file);
 - rewinds the device's events from the end state to get the segments and blocks that existed
   when recording began (:class:`SegmentState`), leaving out what could not be restored;
 - keeps the addresses PyTorch's device returned for new segments, in order;
@@ -18,15 +15,10 @@ exactly (docs/allocator.md section 13) this module
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
-import re
-import struct
 from bisect import bisect_right, insort
 from dataclasses import dataclass
-from functools import cache
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..memory._config import AllocatorConfig
 from ..memory._policy import (
@@ -40,562 +32,27 @@ from ..memory._policy import (
     should_split,
 )
 from ._format import Trace, TraceEvent, TraceFormatError
+from ._plain_pickle import describe
+from ._snapshot_schema import (
+    ALLOCATED_STATES,
+    MAX_FILE_VALUE,
+    Problem,
+    check_entries,
+    check_snapshot,
+    settings_of,
+)
 
 __all__ = [
-    "MAX_FILE_VALUE",
     "BlockState",
     "Recording",
     "SegmentState",
     "UNMAPPED",
     "devices_with_history",
-    "read_snapshot",
     "trace_from_snapshot",
 ]
 
-MAX_FILE_VALUE = 1 << 63
-"""Sizes and addresses in a snapshot are below this (a larger one is a damaged file)."""
-
-_ALLOCATED_STATES = ("active_allocated", "active_pending_free")
 _FAILED_ADDR = 0
 """The address of a request that ran out of memory (it never got one)."""
-_SEGMENT_ENTRIES = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
-_ADDR_ACTIONS = frozenset(("alloc", "free_requested", "free_completed", *_SEGMENT_ENTRIES))
-"""Trace entries with an ``addr`` and a ``size``; of the others only ``oom`` is read."""
-
-
-# --------------------------------------------------------------------------- reading the pickle
-
-
-class _Refused(pickle.UnpicklingError):
-    """The pickle names code (a global or a persistent id)."""
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    """Refuses every global and persistent id: what it builds is plain data only.
-
-    Dicts, lists, flat tuples, strings, bytes, numbers, booleans and None (what
-    :func:`_scan_pickle` lets through).
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise _Refused(f"global '{module}.{name}'")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise _Refused(f"persistent id {_describe(pid)}")
-
-
-# The pickle opcodes (pickletools.opcodes, protocols 0 to 5) by what follows them.
-_NO_ARGUMENT = b"(012NQRabdelostu})]\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x94\x97\x98"
-_FIXED_ARGUMENT = {
-    **dict.fromkeys(b"Khq\x80\x82", 1),
-    **dict.fromkeys(b"M\x83", 2),
-    **dict.fromkeys(b"Jjr\x84", 4),
-    **dict.fromkeys(b"G\x95", 8),
-}
-_COUNTED = {  # opcode: struct format of the byte count that follows it
-    **dict.fromkeys(b"\x8aUC\x8c", "<B"),
-    **dict.fromkeys(b"T\x8b", "<i"),
-    **dict.fromkeys(b"XB", "<I"),
-    **dict.fromkeys(b"\x8d\x8e\x96", "<Q"),
-}
-_TO_NEWLINE = {**dict.fromkeys(b"ILSVFgpP", 1), **dict.fromkeys(b"ci", 2)}  # lines of argument
-_STOP, _FRAME, _PUT, _LONG_BINPUT = 0x2E, 0x95, 0x70, 0x72
-_LONGS = (0x8A, 0x8B)  # LONG1, LONG4: an int of that many bytes
-_TEXT_INTS = b"IL"
-_TUPLES = b"t\x85\x86\x87"
-_SETS = b"\x8f\x90\x91"
-_CODE = b"ciPQRo\x81\x82\x83\x84\x92\x93"
-"""Globals, calls and persistent ids: the unpickler refuses or fails on each (plain data is
-not callable), so it never reads past one. BUILD, which passes on plain data with a None
-state, is refused outright: no snapshot has one."""
-_BUILD = 0x62
-_LARGEST_INT_BYTES = 9
-"""Ints take at most 9 bytes (a stream pointer below 2**64): hashing one stays cheap."""
-
-
-def _counted_alternatives(openers: bytes, longest: int) -> bytes:
-    """A regex for an opcode of ``openers``, a 1-byte count n <= ``longest`` and n bytes."""
-    counts = b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(longest + 1))
-    return b"[" + re.escape(openers) + b"](?:" + counts + b")"
-
-
-@cache
-def _plain_run() -> re.Pattern[bytes]:
-    """A regex for a run of opcodes that claim no memory and build no nested tuple.
-
-    It is matched at C speed. Left out, for :func:`_scan_pickle` to walk one by one: STOP,
-    FRAME, opcodes with a longer count or a text argument, ``LONG_BINPUT`` to a memo index of
-    65536 or more, sets, and any tuple but one of 1 to 16 scalars (ints, floats, short
-    strings, None, booleans) pushed right before it. Hashing a tuple (as a dict key) walks it
-    recursively, so a deeply nested one crashes Python and a shared one takes forever.
-    """
-    memo_put = b"(?:\x94|q.|r..\x00\x00)?"  # a string is memoized after it is pushed
-    scalar = (
-        b"(?:"
-        + b"|".join(
-            [
-                _counted_alternatives(b"\x8a", 8),
-                b"K.",
-                b"J....",
-                _counted_alternatives(b"\x8cCU", 255),
-                b"M..",
-                b"[N\x88\x89]",
-                b"G.{8}",
-            ]
-        )
-        + b")"
-        + memo_put
-    )
-    first = b"(?=[\x8aKJ\x8cCUMN\x88\x89G])"  # what a scalar starts with
-    # A scalar, and the TUPLE1/2/3 of it and the scalars right after it, if there is one.
-    scalars = scalar + b"(?:\x85|" + first + scalar + b"(?:\x86|" + first + scalar + b"\x87)|)"
-    # MARK, and the TUPLE of up to 16 scalars after it, if there is one.
-    mark = b"\\((?:(?=[\x8aKJ\x8cCUMN\x88\x89Gt])(?:" + scalar + b"){0,16}+t|)"
-    left_out = b"(bN\x88\x89" + _TUPLES + _SETS + _CODE
-    plain = bytes(c for c in _NO_ARGUMENT if c not in left_out)
-    alternatives = [  # the most frequent in PyTorch's snapshots first
-        b"h.",
-        b"j....",
-        mark,
-        b"[" + re.escape(plain) + b"]",
-        scalars,
-        b"[q\x80].",
-        b"r..\x00\x00",
-    ]
-    return re.compile(b"(?:" + b"|".join(alternatives) + b")*+", re.DOTALL)
-
-
-def _scan_pickle(data: bytes) -> str | int | None:
-    """Walk the opcodes of ``data`` without building anything; return the first problem.
-
-    The problem is a message, or the position of the first opcode that names or calls code
-    (a global, a persistent id, a call): the unpickler, safe up to there, refuses it by name.
-
-    Refused: an unknown opcode, no STOP, a claim the file's own bytes cannot back (a string,
-    bytes or frame longer than what follows it, a memo index above the file's length: the
-    unpickler sizes its memo by the largest index), an int of more than 9 bytes, a set, and a
-    tuple holding anything but scalars (see :func:`_plain_run`). What is left builds at most
-    a few objects per byte, none of them costly to hash.
-    """
-    end = len(data)
-    run = _plain_run().match
-    pos = 0
-    while True:
-        match = run(data, pos)
-        pos = match.end() if match is not None else pos
-        if pos >= end:
-            return "no STOP opcode: the data is truncated"
-        op = data[pos]
-        if op == _STOP:
-            return None
-        if op in _CODE:
-            return pos
-        if op in _COUNTED:
-            fmt = _COUNTED[op]
-            head = struct.calcsize(fmt)
-            if pos + 1 + head > end:
-                return f"truncated at byte {pos}"
-            (count,) = struct.unpack_from(fmt, data, pos + 1)
-            if not 0 <= count <= end - pos - 1 - head:
-                return (
-                    f"opcode at byte {pos} declares {count} bytes, more than the "
-                    f"{end - pos - 1 - head} that follow"
-                )
-            if op in _LONGS and count > _LARGEST_INT_BYTES:
-                return f"an int of {count} bytes at byte {pos}"
-            pos += 1 + head + count
-        elif op in _FIXED_ARGUMENT:
-            size = _FIXED_ARGUMENT[op]
-            if pos + 1 + size > end:
-                return f"truncated at byte {pos}"
-            if op == _FRAME:
-                (count,) = struct.unpack_from("<Q", data, pos + 1)
-                if count > end - pos - 9:
-                    return (
-                        f"frame at byte {pos} declares {count} bytes, more than the "
-                        f"{end - pos - 9} that follow"
-                    )
-            elif op == _LONG_BINPUT:
-                (index,) = struct.unpack_from("<I", data, pos + 1)
-                if index > end:
-                    return f"memo index {index} at byte {pos} in a file of {end} bytes"
-            pos += 1 + size
-        elif op in _TO_NEWLINE:
-            line_start = pos + 1
-            for _ in range(_TO_NEWLINE[op]):
-                newline = data.find(b"\n", pos + 1)
-                if newline < 0:
-                    return f"truncated at byte {pos}"
-                pos = newline
-            text = data[line_start:pos]
-            if op == _PUT and (not text.isdigit() or len(text) > 20 or int(text) > end):
-                return f"memo index {_describe(text)} at byte {line_start - 1}"
-            if op in _TEXT_INTS and len(text) > 24:
-                return f"an int of {len(text)} digits at byte {line_start - 1}"
-            pos += 1
-        elif op in _TUPLES:
-            return (
-                f"a tuple of containers or shared values at byte {pos}: hashing one can "
-                "crash or hang Python"
-            )
-        elif op in _SETS:
-            return f"a set at byte {pos}"
-        elif op == _BUILD:
-            return f"BUILD at byte {pos}: the state of an object, not plain data"
-        else:
-            return f"unknown opcode {op:#04x} at byte {pos}"
-
-
-_DECODING_ERRORS = (
-    pickle.UnpicklingError,
-    EOFError,
-    ValueError,
-    TypeError,
-    LookupError,
-    AttributeError,
-    ArithmeticError,
-    MemoryError,
-    RecursionError,
-    struct.error,
-)
-"""What the unpickler raises for damaged data (it stops: nothing half-built is kept)."""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a PyTorch memory snapshot pickle without running any code, and check it.
-
-    Parameters
-    ----------
-    path : str or path-like
-        A file written by ``torch.cuda.memory._dump_snapshot`` or ``accelrt.dump_snapshot``.
-
-    Returns
-    -------
-    dict
-        The snapshot: ``segments``, ``device_traces`` and maybe ``allocator_settings``, checked
-        against PyTorch's schema as far as accelrt reads it.
-
-    Raises
-    ------
-    TraceFormatError
-        If the pickle names any global (a class or function: code), is damaged, claims more
-        than its length can hold (a string or frame longer than the file, a memo bomb, more
-        entries than bytes), or is not a snapshot: one line naming the file and, for a bad
-        value, where it is inside the file (``segments[3].blocks[2].size: ...``). Nothing in
-        the file is executed either way.
-    """
-    name = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    problem = _scan_pickle(data)
-    if isinstance(problem, str):
-        raise TraceFormatError(f"{name}: not a readable pickle ({problem})")
-    plain_only = "accelrt reads snapshots as plain data only and ran nothing from it"
-    calls = f"{name}: refused: the pickle calls code (opcode at byte {problem}); {plain_only}"
-    try:
-        # Where the walk stopped at code, the unpickler stops there too: it refuses globals
-        # and persistent ids, and plain data cannot be called, so it never reads past it.
-        snapshot = _PlainDataUnpickler(io.BytesIO(data)).load()
-    except _Refused as exc:
-        raise TraceFormatError(
-            f"{name}: refused: the pickle names {exc}, i.e. code; {plain_only}"
-        ) from None
-    except _DECODING_ERRORS as exc:
-        if problem is not None:
-            raise TraceFormatError(calls) from None
-        reason = "out of memory" if isinstance(exc, MemoryError) else _one_line(exc)
-        raise TraceFormatError(f"{name}: not a readable pickle ({reason})") from None
-    if problem is not None:  # code that neither failed nor was refused: never expected
-        raise TraceFormatError(calls)
-    if not isinstance(snapshot, dict) or "segments" not in snapshot:
-        raise TraceFormatError(
-            f"{name}: not a PyTorch memory snapshot (expected a dict with 'segments' and "
-            f"'device_traces'; got {type(snapshot).__name__})"
-        )
-    _check_snapshot(snapshot, name, budget=len(data))
-    snapshot.setdefault("device_traces", [])
-    return snapshot
-
-
-# --------------------------------------------------------------------------- the schema
-
-
-def _describe(value: Any) -> str:
-    """A short, one-line description of a decoded value for a message (bounded work)."""
-    if value is None or isinstance(value, (bool, float)):
-        return repr(value)
-    if isinstance(value, int):
-        bits = value.bit_length()
-        return repr(value) if bits <= 128 else f"an int of {bits} bits"
-    if isinstance(value, (str, bytes)):
-        text = repr(value[:40])
-        return text + "..." if len(value) > 40 else text
-    if isinstance(value, (list, tuple, dict, set, frozenset)):
-        return f"a {type(value).__name__} of {len(value)} items"
-    return f"a {type(value).__name__}"
-
-
-class _Problem(Exception):
-    """Something in a snapshot does not fit its schema; the message starts with its path."""
-
-
-def _is_int(value: Any) -> bool:
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
-
-
-_NON_NEGATIVE = "a non-negative int below 2**63"
-_POSITIVE = "a positive int below 2**63"
-_INT64 = "an int in [-2**63, 2**64)"
-_FIELDS: dict[str, tuple[str, Any]] = {  # what a field holds, and a test of its value
-    "non-negative": (_NON_NEGATIVE, lambda v: _is_int(v) and 0 <= v < MAX_FILE_VALUE),
-    "positive": (_POSITIVE, lambda v: _is_int(v) and 0 < v < MAX_FILE_VALUE),
-    "int64": (_INT64, lambda v: _is_int(v) and -MAX_FILE_VALUE <= v < 2 * MAX_FILE_VALUE),
-    "str": ("a str", lambda v: isinstance(v, str)),
-    "bool": ("a bool", lambda v: isinstance(v, bool)),
-    "list": ("a list", lambda v: isinstance(v, list)),
-    "segment_type": ("'small' or 'large'", lambda v: v in ("small", "large")),
-}
-
-
-def _field(obj: dict[str, Any], key: str, path: str, kind: str, *, optional: bool = False) -> Any:
-    """Return ``obj[key]`` if it is a ``kind`` (None if optional and absent), else raise."""
-    if key not in obj:
-        if optional:
-            return None
-        raise _Problem(f"{path}: missing {key!r}")
-    value = obj[key]
-    what, test = _FIELDS[kind]
-    if not test(value):
-        raise _Problem(f"{path}.{key}: expected {what}, got {_describe(value)}")
-    return value
-
-
-def _dict_at(value: Any, path: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _Problem(f"{path}: expected a dict, got {_describe(value)}")
-    return value
-
-
-def _check_segment(seg: Any, path: str) -> None:
-    """Check one segment and its blocks (the slow, precise way)."""
-    seg = _dict_at(seg, path)
-    _field(seg, "device", path, "non-negative", optional=True)
-    _field(seg, "address", path, "non-negative")
-    _field(seg, "total_size", path, "positive")
-    _field(seg, "stream", path, "int64", optional=True)
-    _field(seg, "segment_type", path, "segment_type", optional=True)
-    _field(seg, "is_expandable", path, "bool", optional=True)
-    blocks = _field(seg, "blocks", path, "list")
-    for k, block in enumerate(blocks):
-        where = f"{path}.blocks[{k}]"
-        block = _dict_at(block, where)
-        _field(block, "address", where, "non-negative")
-        _field(block, "size", where, "positive")
-        _field(block, "requested_size", where, "non-negative", optional=True)
-        _field(block, "state", where, "str")
-
-
-def _check_entry(entry: Any, path: str) -> None:
-    """Check one trace entry (the slow, precise way: on a problem the fast loop found)."""
-    entry = _dict_at(entry, path)
-    action = _field(entry, "action", path, "str")
-    if action in _ADDR_ACTIONS:
-        _field(entry, "addr", path, "non-negative")
-        _field(entry, "size", path, "non-negative")
-        _field(entry, "stream", path, "int64", optional=True)
-    elif action == "oom":
-        _field(entry, "size", path, "non-negative")
-        _field(entry, "device_free", path, "non-negative", optional=True)
-        _field(entry, "stream", path, "int64", optional=True)
-    if action == "alloc" and entry.get("frames") is not None:
-        _field(entry, "frames", path, "list")
-
-
-class _Totals(NamedTuple):
-    """What one pass over a device's trace entries adds up, besides checking them."""
-
-    frames: int
-    """Frames of the ``alloc`` entries."""
-    grown: int
-    """Bytes of ``segment_alloc`` and ``segment_map`` entries."""
-    shrunk: int
-    """Bytes of ``segment_free`` and ``segment_unmap`` entries."""
-    at_oom: int | None
-    """At the last ``oom`` entry: ``grown - shrunk`` so far plus its ``device_free``."""
-    too_large: int | None
-    """The index of the first ``alloc`` of more than 2**60 bytes (no device has that)."""
-
-
-_GROW, _SHRINK = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
-
-
-def _check_entries(entries: list[Any], path: str) -> _Totals:
-    """Check a device's trace entries in one pass, adding up what a trace needs."""
-    limit, stream_limit, largest = MAX_FILE_VALUE, 2 * MAX_FILE_VALUE, MAX_REQUEST_BYTES
-    addr_actions = _ADDR_ACTIONS
-    frames_count = grown = shrunk = 0
-    at_oom = too_large = None
-    for j, entry in enumerate(entries):
-        try:
-            action = entry["action"]
-            if type(action) is not str:  # (before hashing it)
-                raise ValueError
-            if action in addr_actions:
-                addr, size = entry["addr"], entry["size"]
-                stream = entry.get("stream", 0)
-                if not (
-                    type(addr) is int
-                    and type(size) is int
-                    and type(stream) is int
-                    and 0 <= addr < limit
-                    and 0 <= size < limit
-                    and -limit <= stream < stream_limit
-                ):
-                    raise ValueError
-                if action == "alloc":
-                    frames = entry.get("frames")
-                    if type(frames) is list:
-                        frames_count += len(frames)
-                    elif frames is not None:
-                        raise ValueError
-                    if size > largest and too_large is None:
-                        too_large = j
-                elif action in _GROW:
-                    grown += size
-                elif action in _SHRINK:
-                    shrunk += size
-            elif action == "oom":
-                size = entry["size"]
-                free = entry.get("device_free", 0)
-                stream = entry.get("stream", 0)
-                if not (
-                    type(size) is int
-                    and type(free) is int
-                    and type(stream) is int
-                    and 0 <= size < limit
-                    and 0 <= free < limit
-                    and -limit <= stream < stream_limit
-                ):
-                    raise ValueError
-                at_oom = grown - shrunk + free
-        except (ValueError, KeyError, TypeError, AttributeError):
-            # the precise check: raises _Problem unless only the types were odd (an int subclass)
-            _check_entry(entry, f"{path}[{j}]")
-            action, size = entry["action"], entry.get("size", 0)
-            frames = entry.get("frames") if action == "alloc" else None
-            frames_count += len(frames) if isinstance(frames, list) else 0
-            grown += size if action in _GROW else 0
-            shrunk += size if action in _SHRINK else 0
-            if action == "oom":
-                at_oom = grown - shrunk + entry.get("device_free", 0)
-            if action == "alloc" and size > largest and too_large is None:
-                too_large = j
-    return _Totals(frames_count, grown, shrunk, at_oom, too_large)
-
-
-def _check_segments(segments: list[Any]) -> None:
-    """Check the segments and their blocks in one pass."""
-    limit, stream_limit = MAX_FILE_VALUE, 2 * MAX_FILE_VALUE
-    for i, seg in enumerate(segments):
-        try:
-            address, total, blocks = seg["address"], seg["total_size"], seg["blocks"]
-            device, stream = seg.get("device", 0), seg.get("stream", 0)
-            if not (
-                type(address) is int
-                and type(total) is int
-                and type(device) is int
-                and type(stream) is int
-                and type(blocks) is list
-                and 0 <= address < limit
-                and 0 < total < limit
-                and 0 <= device < limit
-                and -limit <= stream < stream_limit
-                and seg.get("segment_type", "large") in ("small", "large")
-                and type(seg.get("is_expandable", False)) is bool
-            ):
-                raise ValueError
-            for block in blocks:
-                address, size = block["address"], block["size"]
-                requested = block.get("requested_size", 0)
-                if not (
-                    type(address) is int
-                    and type(size) is int
-                    and type(requested) is int
-                    and type(block["state"]) is str
-                    and 0 <= address < limit
-                    and 0 < size < limit
-                    and 0 <= requested < limit
-                ):
-                    raise ValueError
-        except (ValueError, KeyError, TypeError, AttributeError):
-            _check_segment(seg, f"segments[{i}]")  # raises _Problem unless the types were odd
-
-
-def _check_snapshot(
-    snapshot: dict[str, Any], where: str, *, budget: int | None = None, entries: bool = True
-) -> None:
-    """Check a decoded snapshot against PyTorch's schema, as far as accelrt reads it.
-
-    One pass over segments, blocks and (with ``entries``) trace entries. ``budget`` (the
-    file's bytes) bounds how many segments, blocks, entries and alloc frames it may hold: each
-    costs at least a byte of pickle, so more means lists repeated by reference (a memo bomb).
-
-    Raises
-    ------
-    TraceFormatError
-        ``"<where>: <path inside the snapshot>: <problem>"``.
-    """
-    count = 0
-
-    def spend(n: int) -> None:
-        nonlocal count
-        count += n
-        if budget is not None and count > budget:
-            raise TraceFormatError(
-                f"{where}: refused: at least {count} segments, blocks, trace entries and frames "
-                f"in a file of {budget} bytes (lists repeated by reference: a memo bomb)"
-            )
-
-    try:
-        segments = snapshot.get("segments")
-        if not isinstance(segments, list):
-            raise _Problem(f"segments: expected a list, got {_describe(segments)}")
-        traces = snapshot.get("device_traces")
-        if traces is not None and not isinstance(traces, list):
-            raise _Problem(f"device_traces: expected a list, got {_describe(traces)}")
-        traces = traces or []
-        spend(len(segments) + len(traces))  # what the lists claim, before walking them
-        for seg in segments:
-            blocks = seg.get("blocks") if type(seg) is dict else None
-            spend(len(blocks) if type(blocks) is list else 0)
-        for d, device_entries in enumerate(traces):
-            if not isinstance(device_entries, list):
-                raise _Problem(
-                    f"device_traces[{d}]: expected a list, got {_describe(device_entries)}"
-                )
-            spend(len(device_entries))
-        _check_segments(segments)
-        if entries:
-            for d, device_entries in enumerate(traces):
-                spend(_check_entries(device_entries, f"device_traces[{d}]").frames)
-        settings = snapshot.get("allocator_settings")
-        if settings is not None and not isinstance(settings, dict):
-            raise _Problem(f"allocator_settings: expected a dict, got {_describe(settings)}")
-    except _Problem as exc:
-        raise TraceFormatError(f"{where}: {exc}") from None
-    _settings_of(snapshot, where)
-
-
-def _settings_of(snapshot: dict[str, Any], where: str) -> AllocatorConfig:
-    try:
-        return AllocatorConfig.from_torch_settings(snapshot.get("allocator_settings"))
-    except (ValueError, TypeError, ArithmeticError, LookupError, AttributeError) as exc:
-        raise TraceFormatError(f"{where}: allocator_settings: {_one_line(exc)}") from None
 
 
 # --------------------------------------------------------------------------- the start state
@@ -918,7 +375,7 @@ def _blocks_of(segment: dict[str, Any]) -> list[BlockState]:
             b["address"],
             b["size"],
             min(max(b.get("requested_size", b["size"]), 1), b["size"])
-            if b["state"] in _ALLOCATED_STATES
+            if b["state"] in ALLOCATED_STATES
             else 0,
         )
         for b in segment["blocks"]
@@ -974,8 +431,8 @@ def trace_from_snapshot(
     """
     where = path or "snapshot"
     if not isinstance(snapshot, dict):
-        raise TraceFormatError(f"{where}: expected a snapshot dict, got {_describe(snapshot)}")
-    _check_snapshot(snapshot, where, entries=False)
+        raise TraceFormatError(f"{where}: expected a snapshot dict, got {describe(snapshot)}")
+    check_snapshot(snapshot, where, entries=False)
     traces = snapshot.get("device_traces") or []
     with_events = devices_with_history(snapshot)
     if not with_events:
@@ -994,8 +451,8 @@ def trace_from_snapshot(
         raise TraceFormatError(f"{where}: device index {device} is out of range [0, {len(traces)})")
     entries = traces[device]
     try:
-        totals = _check_entries(entries, f"device_traces[{device}]")
-    except _Problem as exc:
+        totals = check_entries(entries, f"device_traces[{device}]")
+    except Problem as exc:
         raise TraceFormatError(f"{where}: {exc}") from None
     if totals.too_large is not None:
         size = entries[totals.too_large]["size"]
@@ -1003,7 +460,7 @@ def trace_from_snapshot(
             f"{where}: device_traces[{device}][{totals.too_large}].size: an allocation of "
             f"{size} bytes, more than any device has (at most 2**60)"
         )
-    settings = _settings_of(snapshot, where)
+    settings = settings_of(snapshot, where)
     end_segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
     reserved_end = sum(s["total_size"] for s in end_segments)
     grown, shrunk = totals.grown, totals.shrunk
