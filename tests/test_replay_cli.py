@@ -179,3 +179,11 @@ def test_expandable_segments_replay_on_sim_and_fall_back_on_opencl(opencl: str) 
         "pages into it), which the 'opencl' backend does not have; using normal segments"
     ]
     assert on_opencl.peak_reserved_bytes == replay(trace, device="sim").peak_reserved_bytes
+
+
+def test_impossible_requests_and_capacities(tmp_path: Path) -> None:
+    path = tmp_path / "huge.jsonl.gz"
+    write(path, [TraceEvent("alloc", 4096, 1 << 61, 0), TraceEvent("alloc", 8192, 100, 0)])
+    report = replay(load(path))
+    assert [(o.event, o.requested_bytes) for o in report.ooms] == [(0, 1 << 61)]
+    assert report.num_ooms == 1 and report.peak_requested_bytes == 100

@@ -272,3 +272,26 @@ def test_html_page_in_headless_chromium(tmp_path: Path) -> None:
         capture_output=True, timeout=120, check=True,
     )  # fmt: skip
     assert shot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_picture_of_a_recording_whose_first_event_frees_an_older_block(
+    tmp_path: Path,
+) -> None:
+    acc.backends.use("sim")
+    older = acc.empty(MiB)
+    acc.record_memory_history()
+    older.free()
+    newer = acc.empty(4096)
+    path = tmp_path / "r.pickle"
+    acc.dump_snapshot(path)
+    view = view_of_snapshot(path)
+    assert [a["size"] for a in view.allocations] == [MiB, 4096]
+    assert view.peak_bytes == 4096  # the older block is gone by the end of event 0
+    newer.free()
+
+
+def test_capacity_too_small_for_the_start_state_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "run.pickle"
+    _record_mid_run(path)
+    with pytest.raises(ValueError, match=r"the recording began with \d+ bytes reserved, more"):
+        replay(load(path), capacity="16MiB")

@@ -22,6 +22,7 @@ from .memory._allocator import CachingAllocator
 from .memory._block import Block
 from .memory._config import AllocatorConfig
 from .memory._history import SegmentInfo
+from .memory._policy import MAX_REQUEST_BYTES
 from .trace._format import Trace
 
 __all__ = ["OomRecord", "ReplayReport", "replay"]
@@ -207,7 +208,8 @@ def replay(
     Raises
     ------
     ValueError
-        For a bad device, capacity or config.
+        For a bad device, capacity or config, or a capacity too small for the state a
+        recording began with.
 
     Notes
     -----
@@ -242,13 +244,21 @@ def replay(
     try:
         if recording is not None:
             for segment in recording.start_segments:
-                restored = allocator.restore_segment(
-                    segment.size,
-                    handle_of(segment.stream),
-                    [(b.size, b.requested_size) for b in segment.blocks],
-                    is_small=segment.is_small,
-                    expandable=segment.is_expandable,
-                )
+                try:
+                    restored = allocator.restore_segment(
+                        segment.size,
+                        handle_of(segment.stream),
+                        [(b.size, b.requested_size) for b in segment.blocks],
+                        is_small=segment.is_small,
+                        expandable=segment.is_expandable,
+                    )
+                except OutOfMemoryError:
+                    raise ValueError(
+                        f"{trace.name}: the recording began with "
+                        f"{recording.reserved_at_start_bytes} bytes reserved, more than "
+                        f"{allocator.device_name} holds ({backend.mem_get_info(index)[1]} "
+                        "bytes); give a larger capacity"
+                    ) from None
                 recorded = [b.address for b in segment.blocks if b.requested_size > 0]
                 blocks.update(zip(recorded, restored, strict=True))  # the trace frees them by these
             allocator.reset_accumulated_memory_stats()  # count what the trace itself does
@@ -262,6 +272,9 @@ def replay(
                 progress(i, total)
             if action == "alloc":
                 if size == 0:
+                    continue
+                if size > MAX_REQUEST_BYTES:  # no device has that much: an OOM, as on a GPU
+                    ooms.append(OomRecord(i, size, stream, allocator.reserved_bytes))
                     continue
                 try:
                     blocks[addr] = malloc(size, handle_of(stream))
@@ -310,7 +323,7 @@ def replay(
         num_device_alloc=stats["num_device_alloc"],
         num_device_free=stats["num_device_free"],
         num_alloc_retries=stats["num_alloc_retries"],
-        num_ooms=stats["num_ooms"],
+        num_ooms=len(ooms),
         wall_seconds=wall,
         events_per_second=total / wall if wall > 0 else 0.0,
         ooms=ooms,

@@ -77,13 +77,19 @@ class View:
         return max((b for _, b in self.total), default=0)
 
 
-def _frame_text(frames: list[dict[str, Any]] | None) -> list[str]:
-    out = []
-    for f in frames or []:
-        name, filename = f.get("name", "?"), f.get("filename", "?")
-        if filename in ("??", "") and "::" in str(name):
+def _frame_text(frames: Any) -> list[str]:
+    """The first 12 frames as ``name file:line``; anything that is not a frame is skipped."""
+    out: list[str] = []
+    for f in frames if isinstance(frames, list) else []:
+        if not isinstance(f, dict):
+            continue
+        name, filename, line = (f.get(k) for k in ("name", "filename", "line"))
+        name = name if isinstance(name, str) else "?"
+        filename = filename if isinstance(filename, str) else "?"
+        line = line if isinstance(line, int) and not isinstance(line, bool) else 0
+        if filename in ("??", "") and "::" in name:
             continue  # C++ frames of PyTorch's allocator: noise here
-        out.append(f"{name} {filename}:{f.get('line', 0)}")
+        out.append(f"{name[:200]} {filename[:300]}:{line}")
         if len(out) == 12:
             break
     return out
@@ -129,7 +135,9 @@ def _timeline(entries: list[dict[str, Any]], top: int) -> tuple[int, list[Any], 
     for rec in records:
         changes.append((rec["start"], 1, rec))
         changes.append((rec["end"], -1, rec))
-    changes.sort(key=lambda c: (c[0], c[1]))
+    # at one moment frees come first, except the free of a block that is born and dies then
+    # (live before recording, freed by the first event): its alloc must precede its free
+    changes.sort(key=lambda c: (c[0], c[1] if c[2]["start"] < c[2]["end"] else -c[1]))
     total: list[tuple[int, int]] = [(0, 0)]
     stack: list[dict[str, Any]] = []  # chosen allocations live now, in stacking order
     live_bytes = 0
