@@ -149,3 +149,13 @@ def test_backend_errors_inside_allocator_calls_leave_it_consistent(failing: str)
     assert stats["reserved_bytes.all.current"] == alloc.reserved_bytes == 0
     assert stats["allocated_bytes.all.current"] == stats["active_bytes.all.current"] == 0
     assert backend.mem_get_info(0) == (256 * MiB, 256 * MiB)
+
+
+def test_opencl_driver_errors_are_accelerator_errors(opencl: str) -> None:
+    if acc.device_count() < 2:
+        pytest.skip("needs two OpenCL devices")
+    backend = acc.backends.get_backend("opencl")
+    event = acc.Stream(device=0).record_event()
+    stream = acc.Stream(device=1)
+    with pytest.raises(acc.AcceleratorError, match=r"OpenCL stream_wait_event failed: .*CONTEXT"):
+        backend.stream_wait_event(1, stream.handle, event._handle)  # another device's event

@@ -21,10 +21,13 @@ holds through this backend``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._device import DeviceProperties
+from .._errors import AcceleratorError
 from ._base import BackendOutOfMemory, dtypes, visible_devices
 
 __all__ = ["OpenCLBackend", "OpenCLEvent"]
@@ -399,3 +402,32 @@ class OpenCLBackend:
             queue.finish()
         state.last.clear()
         self._prune_keepalive(state)
+
+
+_DRIVER_CALLS = (
+    "malloc", "free", "stream_create", "stream_destroy", "stream_query", "stream_synchronize",
+    "stream_wait_event", "event_record", "event_query", "event_synchronize", "event_elapsed_ms",
+    "memcpy_async", "memset_async", "synchronize",
+)  # fmt: skip
+
+
+def _as_accelerator_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Let ``pyopencl.Error`` out of ``method`` as ``AcceleratorError`` with the driver's text."""
+
+    @functools.wraps(method)
+    def call(self: OpenCLBackend, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if type(exc).__module__.partition(".")[0] != "pyopencl":
+                raise
+            raise AcceleratorError(
+                f"OpenCL {method.__name__} failed: {' '.join(str(exc).split())}"
+            ) from exc
+
+    return call
+
+
+for _name in _DRIVER_CALLS:
+    setattr(OpenCLBackend, _name, _as_accelerator_errors(getattr(OpenCLBackend, _name)))
+del _name
