@@ -860,6 +860,9 @@ class CachingAllocator:
         self._synchronize_and_free_events()
         for pool in self._all_pools():
             self._release_pool_blocks(pool)
+        for pool_id, private in list(self._private.items()):
+            if not private.owner_alive:  # its last segment may have gone just now
+                self._release_if_abandoned(pool_id)
 
     def _release_pool_blocks(self, pool: BlockPool) -> None:
         """Release the pool's unsplit ordinary segments and unmap its expandable free pages."""
