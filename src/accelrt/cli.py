@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -337,6 +338,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for config in configs:
         # the first setting's replay also captures what the pictures draw
         capture = picture_moments(trace) if pictures and not reports else ()
+        run = functools.partial(
+            _malformed_snapshot_guard,
+            snapshot,
+            replay,
+            trace,
+            device=device,
+            capacity=args.capacity,
+            config=config,
+            capture_at=capture,
+        )
         if show_progress and len(trace.events) > 50_000:
             from rich.progress import Progress
 
@@ -346,30 +357,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 def advance(done: int, _total: int, task: Any = task) -> None:
                     bar.update(task, completed=done)
 
-                reports.append(
-                    _malformed_snapshot_guard(
-                        snapshot,
-                        replay,
-                        trace,
-                        device=device,
-                        capacity=args.capacity,
-                        config=config,
-                        progress=advance,
-                        capture_at=capture,
-                    )
-                )
+                reports.append(run(progress=advance))
         else:
-            reports.append(
-                _malformed_snapshot_guard(
-                    snapshot,
-                    replay,
-                    trace,
-                    device=device,
-                    capacity=args.capacity,
-                    config=config,
-                    capture_at=capture,
-                )
-            )
+            reports.append(run())
     if pictures:
         _write_pictures(args, trace, reports[0])
     if args.json:
