@@ -159,3 +159,14 @@ def test_opencl_driver_errors_are_accelerator_errors(opencl: str) -> None:
     stream = acc.Stream(device=1)
     with pytest.raises(acc.AcceleratorError, match=r"OpenCL stream_wait_event failed: .*CONTEXT"):
         backend.stream_wait_event(1, stream.handle, event._handle)  # another device's event
+
+
+def test_sim_address_space_is_never_shared_between_devices(sim: str) -> None:
+    from accelrt.backends.sim import BASE_ADDRESS, DEVICE_STRIDE
+
+    acc.set_allocator_settings("expandable_segments:True")
+    for _ in range(300):  # each cycle reserves a 90 GiB range and gives it back
+        buf = acc.empty(MiB, device=0)
+        assert BASE_ADDRESS <= buf.ptr < BASE_ADDRESS + DEVICE_STRIDE
+        buf.free()
+        acc.empty_cache(0)

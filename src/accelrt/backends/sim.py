@@ -6,8 +6,11 @@ reproducible: device ``i`` hands out addresses from a bump pointer starting at
 Allocations fail with ``BackendOutOfMemory`` once the bytes held would exceed the capacity.
 
 The device has virtual memory (for expandable segments): ``vm_reserve`` hands out an address
-range by the same rule without holding any memory, and ``vm_map`` backs 2 MiB pages of it,
-which count against the capacity like allocations until ``vm_unmap``.
+range by the same rule without holding any memory (a range given back while it is the latest
+one is handed out again, so cycles of reserve and release do not wander off), and ``vm_map``
+backs 2 MiB pages of it, which count against the capacity like allocations until ``vm_unmap``.
+A device whose address range (2**44 bytes, unbounded for the last device) is used up fails
+further requests as out of memory rather than hand out another device's addresses.
 
 Streams and events complete at once; events carry host timestamps so ``elapsed_time`` works.
 Memory is host-backed lazily: the first copy into or view of an allocation creates its host
@@ -51,6 +54,12 @@ VM_GRANULARITY = 2 << 20
 _MMAP_FLAGS = mmap.MAP_PRIVATE | getattr(
     mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0
 )
+
+
+def _address_limit(index: int, device_count: int) -> int:
+    """The end of device ``index``'s address range: the next device's base; none for the last
+    (so one device of any capacity, as replays use, never runs out of addresses)."""
+    return BASE_ADDRESS + (index + 1) * DEVICE_STRIDE if index + 1 < device_count else 1 << 63
 
 
 class SimEvent:
@@ -110,6 +119,7 @@ class _Reservation:
 
 class _SimDevice:
     __slots__ = (
+        "address_limit",
         "backing",
         "bases",
         "capacity",
@@ -122,11 +132,12 @@ class _SimDevice:
         "sizes",
     )
 
-    def __init__(self, index: int, capacity: int) -> None:
+    def __init__(self, index: int, capacity: int, address_limit: int) -> None:
         self.physical_index = index
         self.capacity = capacity
         self.held = 0
         self.next_address = BASE_ADDRESS + index * DEVICE_STRIDE
+        self.address_limit = address_limit  # where the next device's addresses begin
         self.bases: list[int] = []  # sorted live allocation addresses
         self.sizes: dict[int, int] = {}
         self.backing: dict[int, bytearray] = {}
@@ -142,6 +153,11 @@ class _SimDevice:
             self.next_address = -(-end // SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT
             end = self.overlap_end(self.next_address, span)
         ptr = self.next_address
+        if ptr + span > self.address_limit:
+            raise BackendOutOfMemory(
+                f"sim device {self.physical_index} has used up its {DEVICE_STRIDE} bytes of "
+                "address space (addresses are never reused)"
+            )
         self.next_address += span
         return ptr
 
@@ -203,7 +219,10 @@ class SimBackend:
             self.capacity = parse_bytes(capacity, name=ENV_CAPACITY)
         else:
             self.capacity = parse_bytes(capacity, name="sim capacity")
-        self._devices = [_SimDevice(i, self.capacity) for i in visible_devices(device_count)]
+        self._devices = [
+            _SimDevice(i, self.capacity, _address_limit(i, device_count))
+            for i in visible_devices(device_count)
+        ]
         self._next_stream = 1
 
     # discovery
@@ -342,6 +361,8 @@ class SimBackend:
             )
         del dev.reservations[address], dev.sizes[address]
         del dev.bases[bisect.bisect_left(dev.bases, address)]
+        if address + reservation.size == dev.next_address:  # the latest range: reuse it next
+            dev.next_address = address
 
     def _pages(self, index: int, address: int, nbytes: int) -> tuple[_Reservation, int, int]:
         dev = self._devices[index]

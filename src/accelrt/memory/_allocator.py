@@ -364,6 +364,8 @@ class CachingAllocator:
             if room >= size:
                 return start
         segment = self._source.reserve(stream, pool)
+        if segment is None:  # no address space left
+            return None
         if segment.size < size:  # larger than the device: PyTorch would keep the range
             segment.release()
             return None
@@ -560,6 +562,8 @@ class CachingAllocator:
         self, pool: BlockPool, stream: int, blocks: list[tuple[int, int]]
     ) -> list[Block]:
         segment = self._source.reserve(stream, pool)
+        if segment is None:
+            raise self._out_of_memory(0, 0, 0, stream)
         span = sum(b for b, _ in blocks)
         offsets = itertools.accumulate((b for b, _ in blocks), initial=0)
         page = segment.page_size

@@ -195,13 +195,17 @@ class MemorySource:
         """Give an ordinary segment back to the device."""
         self.backend.free(self.index, segment.address)
 
-    def reserve(self, stream: int, pool: BlockPool) -> ExpandableSegment:
-        """Reserve the address range of a new expandable segment (no memory is mapped yet).
+    def reserve(self, stream: int, pool: BlockPool) -> ExpandableSegment | None:
+        """Reserve the address range of a new expandable segment (no memory is mapped yet), or
+        None when the device has no address space left.
 
         Its size is 1.125 times the device's total memory, rounded up to whole pages, as
         PyTorch reserves.
         """
         _, total = self.backend.mem_get_info(self.index)
         size = expandable_address_space(total, page_size(pool.is_small))
-        address = self.backend.vm_reserve(self.index, size)
+        try:
+            address = self.backend.vm_reserve(self.index, size)
+        except BackendOutOfMemory:
+            return None
         return ExpandableSegment(self, address, size, stream, pool)
