@@ -805,7 +805,20 @@ class CachingAllocator:
         stats.active_bytes.decrease(is_small, original_size)
         stats.requested_bytes.decrease(is_small, requested)
         if pool.pool_id is not DEFAULT_POOL_ID:
-            self._release_if_abandoned(pool.pool_id)
+            self._release_dropped_pool_cache(pool.pool_id)
+
+    def _release_dropped_pool_cache(self, pool_id: PoolId) -> None:
+        """After a free into a private pool: release it if its owner is gone. The free itself
+        has happened, so a driver error here is a warning (``empty_cache`` retries later)."""
+        try:
+            self._release_if_abandoned(pool_id)
+        except Exception as exc:
+            warnings.warn(
+                f"{self.device_name}: releasing the cache of dropped MemPool {pool_id} failed "
+                f"({exc}); empty_cache() releases it later",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     @staticmethod
     def _try_merge(dst: Block, src: Block | None, pool: BlockPool) -> int:
@@ -1044,7 +1057,8 @@ class CachingAllocator:
         """The pool's owner is gone: release what it caches now, the rest as its blocks are freed.
 
         The pool's id is forgotten once it holds no segment. Called by a finaliser, so inside
-        an operation of this allocator on this thread it waits for that operation to end.
+        an operation of this allocator on this thread it waits for that operation to end, and
+        a driver error while releasing is a ``RuntimeWarning`` (``empty_cache`` retries).
         """
         if self._lock._is_owned():  # type: ignore[attr-defined]
             self._finalized.append(functools.partial(self.release_pool, pool_id))
@@ -1053,7 +1067,7 @@ class CachingAllocator:
             private = self._private.get(pool_id)
             if private is not None:
                 private.owner_alive = False
-                self._release_if_abandoned(pool_id)
+                self._release_dropped_pool_cache(pool_id)
 
     def _release_if_abandoned(self, pool_id: PoolId) -> None:
         private = self._private[pool_id]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,7 +74,7 @@ class MemPool:
         if self._allocator is None:
             allocator.create_pool(self.id)
             self._allocator = allocator
-            weakref.finalize(self, _release_dropped_pool, allocator, self.id)
+            weakref.finalize(self, allocator.release_pool, self.id)
         elif self._allocator is not allocator:
             raise ValueError(
                 f"MemPool {self.id} belongs to device {self._allocator.device_name}; it cannot "
@@ -101,20 +100,6 @@ class MemPool:
 
     def __repr__(self) -> str:
         return f"MemPool(id={self.id}, device={self.device})"
-
-
-def _release_dropped_pool(allocator: CachingAllocator, pool_id: PoolId) -> None:
-    """The finaliser of a MemPool: a driver error becomes a warning (a finaliser cannot raise);
-    what was not released stays cached until ``empty_cache()``."""
-    try:
-        allocator.release_pool(pool_id)
-    except Exception as exc:
-        warnings.warn(
-            f"{allocator.device_name}: releasing the cache of dropped MemPool {pool_id} failed "
-            f"({exc}); empty_cache() releases it later",
-            RuntimeWarning,
-            stacklevel=2,
-        )
 
 
 @contextmanager
