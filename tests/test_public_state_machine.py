@@ -47,6 +47,7 @@ from accelrt.memory import (
     _registry,
     use_mem_pool,
 )
+from accelrt.memory._segments import ExpandableSegment
 
 KiB, MiB = 1 << 10, 1 << 20
 CAPACITY = 256 * MiB
@@ -276,7 +277,7 @@ def _check_device(
             yield f"the blocks of {segment!r} end at {address:#x}"
         end = address
         first = blocks[0]
-        if segment.is_expandable:
+        if isinstance(segment, ExpandableSegment):
             count("reserved_bytes", first, mapped)
             if mapped != segment.mapped_bytes:
                 yield f"{segment!r} has {mapped} bytes in mapped blocks"
