@@ -310,23 +310,39 @@ class CachingAllocator:
         self, pool: BlockPool, size: int, alloc_size: int, stream: int, *, is_retry: bool
     ) -> Block | None:
         """Get fresh memory for a request of ``size`` rounded bytes: step 4 of the ladder."""
-        stats = self.stats
         if is_retry:
-            stats.num_alloc_retries += 1
-        if self._allowed_max is not None and self._reserved + alloc_size > self._allowed_max:
+            self.stats.num_alloc_retries += 1
+        if self._fraction_refuses(alloc_size):
             return None
         if self._expandable:
             return self._grow_expandable(pool, size, stream)
+        return self._new_segment(pool, alloc_size, stream)
+
+    def _count_device_memory(self, pool: BlockPool, nbytes: int) -> None:
+        """Count ``nbytes`` newly held from the device (a segment or mapped pages), or with
+        ``nbytes`` < 0 given back: reserved bytes and one device allocation or free."""
+        self._reserved += nbytes
+        if nbytes > 0:
+            self.stats.reserved_bytes.increase(pool.is_small, nbytes)
+            self.stats.num_device_alloc += 1
+        else:
+            self.stats.reserved_bytes.decrease(pool.is_small, -nbytes)
+            self.stats.num_device_free += 1
+
+    def _fraction_refuses(self, nbytes: int) -> bool:
+        """Whether the memory fraction forbids reserving ``nbytes`` more (no device asked)."""
+        return self._allowed_max is not None and self._reserved + nbytes > self._allowed_max
+
+    def _new_segment(self, pool: BlockPool, alloc_size: int, stream: int) -> Block | None:
+        """An ordinary segment of ``alloc_size`` bytes as one free block; None when full."""
         segment = self._source.allocate(alloc_size, stream, pool)
         if segment is None:
             return None
-        self._reserved += alloc_size
         self._segments[segment.address] = segment
-        stats.segment.increase(pool.is_small, 1)
-        stats.reserved_bytes.increase(pool.is_small, alloc_size)
+        self._count_device_memory(pool, alloc_size)
+        self.stats.segment.increase(pool.is_small, 1)
         if alloc_size >= self._max_split:
-            stats.oversize_segments.increase(1)
-        stats.num_device_alloc += 1
+            self.stats.oversize_segments.increase(1)
         if self._observer is not None:
             self._observer.record("segment_alloc", segment.address, alloc_size, stream, segment)
         return Block(segment.address, alloc_size, stream, pool, segment)
@@ -395,9 +411,7 @@ class CachingAllocator:
         self._try_merge(block, block.prev, pool)
         self._try_merge(block, block.next, pool)
         pool.insert(block)
-        self._reserved += mapped
-        self.stats.reserved_bytes.increase(pool.is_small, mapped)
-        self.stats.num_device_alloc += 1
+        self._count_device_memory(pool, mapped)
         if self._observer is not None:
             self._observer.record("segment_map", address, mapped, block.stream, segment)
         return True
@@ -427,9 +441,7 @@ class CachingAllocator:
         self._try_merge(block, block.prev, pool)
         self._try_merge(block, block.next, pool)
         pool.insert_unmapped(block)
-        self._reserved -= unmapped
-        self.stats.reserved_bytes.decrease(pool.is_small, unmapped)
-        self.stats.num_device_free += 1
+        self._count_device_memory(pool, -unmapped)
         if self._observer is not None:
             self._observer.record("segment_unmap", start, unmapped, block.stream)
 
@@ -548,11 +560,7 @@ class CachingAllocator:
             if is_small is None:
                 is_small = size == K_SMALL_BUFFER
             pool = self._small if is_small else self._large
-            expandable_on, self._expandable = self._expandable, False
-            try:
-                first = self._grow(pool, size, size, stream, is_retry=False)
-            finally:
-                self._expandable = expandable_on
+            first = None if self._fraction_refuses(size) else self._new_segment(pool, size, stream)
             if first is None:
                 raise self._out_of_memory(size, size, size, stream)
             chain = self._lay_out(first.segment, first.address, blocks)
@@ -586,9 +594,7 @@ class CachingAllocator:
             nbytes = sum(b.size for b in run)
             if not segment.map(run[0].address, nbytes):
                 raise self._out_of_memory(nbytes, nbytes, nbytes, stream)
-            self._reserved += nbytes
-            self.stats.reserved_bytes.increase(pool.is_small, nbytes)
-            self.stats.num_device_alloc += 1
+            self._count_device_memory(pool, nbytes)
         return [block for block in chain if block.allocated]
 
     def _lay_out(
@@ -664,10 +670,16 @@ class CachingAllocator:
         For finalisers: nothing re-enters an operation half-way. Errors are as :meth:`free`
         (raised later ones are dropped: the block was not allocated then).
         """
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            self._finalized.append(functools.partial(self._free_if_allocated, block))
-        else:
+        if not self._deferred_inside_operation(self._free_if_allocated, block):
             self.free(block)
+
+    def _deferred_inside_operation(self, work: Callable[..., None], *args: Any) -> bool:
+        """For finalisers: if this thread is inside one of this allocator's operations, queue
+        ``work(*args)`` for when it ends and return True; else return False (do it now)."""
+        if not self._lock._is_owned():  # type: ignore[attr-defined]
+            return False
+        self._finalized.append(functools.partial(work, *args))
+        return True
 
     def _free_if_allocated(self, block: Block) -> None:
         if self._active.get(block.address) is block and block.allocated:
@@ -916,10 +928,8 @@ class CachingAllocator:
             self._observer.record("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
         del self._segments[block.address]
-        self._reserved -= block.size
-        stats.num_device_free += 1
+        self._count_device_memory(pool, -block.size)
         stats.segment.decrease(pool.is_small, 1)
-        stats.reserved_bytes.decrease(pool.is_small, block.size)
         if block.size >= self._max_split:
             stats.oversize_segments.decrease(1)
 
@@ -1060,8 +1070,7 @@ class CachingAllocator:
         an operation of this allocator on this thread it waits for that operation to end, and
         a driver error while releasing is a ``RuntimeWarning`` (``empty_cache`` retries).
         """
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            self._finalized.append(functools.partial(self.release_pool, pool_id))
+        if self._deferred_inside_operation(self.release_pool, pool_id):
             return
         with self._lock:
             private = self._private.get(pool_id)
