@@ -19,7 +19,6 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "UNLIMITED",
     "expandable_address_space",
-    "is_small_request",
     "page_size",
     "round_size",
     "segment_size",
@@ -67,11 +66,6 @@ def round_size(nbytes: int, config: AllocatorConfig) -> int:
         rounded = nbytes & ~(step - 1)
         return nbytes if rounded == nbytes else rounded + step
     return -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
-
-
-def is_small_request(rounded: int) -> bool:
-    """Return True if a rounded request belongs to the small pool (<= 1 MiB)."""
-    return rounded <= K_SMALL_SIZE
 
 
 def segment_size(rounded: int) -> int:

@@ -15,7 +15,6 @@ from ._allocator import CachingAllocator
 from ._config import AllocatorConfig
 
 __all__ = [
-    "all_allocators",
     "allocator_config",
     "get_allocator",
     "peek_allocator",
@@ -71,12 +70,6 @@ def get_allocator(backend: Backend, index: int) -> CachingAllocator:
 def peek_allocator(backend: Backend, index: int) -> CachingAllocator | None:
     """Return the allocator of a device if it exists; never creates one."""
     return _allocators.get((backend.name, index))
-
-
-def all_allocators() -> list[CachingAllocator]:
-    """Return every allocator made so far."""
-    with _lock:
-        return list(_allocators.values())
 
 
 def _reset() -> None:

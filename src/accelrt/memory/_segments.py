@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._errors import AcceleratorError
 from ..backends._base import Backend, BackendOutOfMemory
 from ._policy import expandable_address_space, page_size
 
@@ -201,9 +202,21 @@ class MemorySource:
 
         Its size is 1.125 times the device's total memory, rounded up to whole pages, as
         PyTorch reserves.
+
+        Raises
+        ------
+        AcceleratorError
+            If the backend's mapping granularity does not divide the page size.
         """
         _, total = self.backend.mem_get_info(self.index)
-        size = expandable_address_space(total, page_size(pool.is_small))
+        page = page_size(pool.is_small)
+        granularity = self.backend.vm_granularity(self.index)
+        if page % granularity:
+            raise AcceleratorError(
+                f"{self.backend.name}:{self.index} maps pages of {granularity} bytes, which do "
+                f"not divide the allocator's {page}-byte pages: expandable segments cannot work"
+            )
+        size = expandable_address_space(total, page)
         try:
             address = self.backend.vm_reserve(self.index, size)
         except BackendOutOfMemory:
