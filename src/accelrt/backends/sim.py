@@ -290,8 +290,9 @@ class SimBackend:
         """
         self._devices[index].planned_reservations.extend(addresses)
 
-    def _next_planned(self, dev: _SimDevice, nbytes: int) -> int | None:
-        queue = dev.planned.get(nbytes)
+    @staticmethod
+    def _next_planned(dev: _SimDevice, queue: deque[int] | None, nbytes: int) -> int | None:
+        """The first planned address of ``queue`` whose ``nbytes`` are free (taken off it)."""
         while queue:
             ptr = queue.popleft()
             if dev.overlap_end(ptr, nbytes) is None:
@@ -308,7 +309,7 @@ class SimBackend:
             raise BackendOutOfMemory(
                 f"sim:{index} has {dev.capacity - dev.held} bytes free, {nbytes} requested"
             )
-        ptr = self._next_planned(dev, nbytes) if dev.planned else None
+        ptr = self._next_planned(dev, dev.planned.get(nbytes), nbytes) if dev.planned else None
         if ptr is None:
             ptr = dev.bump(nbytes)
         dev.held += nbytes
@@ -339,11 +340,7 @@ class SimBackend:
         if nbytes <= 0 or nbytes % VM_GRANULARITY:
             raise ValueError(f"sim:{index}: reserve {nbytes} bytes: not a multiple of 2 MiB")
         dev = self._devices[index]
-        ptr = None
-        while dev.planned_reservations and ptr is None:
-            ptr = dev.planned_reservations.popleft()
-            if dev.overlap_end(ptr, nbytes) is not None:
-                ptr = None
+        ptr = self._next_planned(dev, dev.planned_reservations, nbytes)
         if ptr is None:
             ptr = dev.bump(nbytes)
         bisect.insort(dev.bases, ptr)
