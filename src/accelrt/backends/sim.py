@@ -25,12 +25,14 @@ renumbers it, so workers given different devices never share an address.
 from __future__ import annotations
 
 import bisect
+import functools
 import mmap
 import os
 import sys
+import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._device import DeviceProperties
@@ -192,8 +194,8 @@ class SimBackend:
     Notes
     -----
     Selected only explicitly: ``ACCELRT_BACKEND=sim``, ``accelrt.backends.use("sim")`` or
-    ``accelrt replay --device sim``; auto-detection never picks it. Not thread-safe by itself:
-    the runtime and the allocator call it under their locks.
+    ``accelrt replay --device sim``; auto-detection never picks it. Thread-safe: its address
+    bookkeeping is behind one lock.
     """
 
     name = "sim"
@@ -224,6 +226,7 @@ class SimBackend:
             for i in visible_devices(device_count)
         ]
         self._next_stream = 1
+        self._lock = threading.RLock()  # address bookkeeping: copies run outside the allocator
 
     # discovery
     def is_available(self) -> bool:
@@ -511,3 +514,23 @@ class SimBackend:
 
     def synchronize(self, index: int) -> None:
         """Returns at once."""
+
+
+def _under_lock(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` holding the backend's lock: copies on one thread look addresses up while
+    another thread's allocator allocates or frees (the allocator's lock covers only itself)."""
+
+    @functools.wraps(method)
+    def call(self: SimBackend, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
+for _name in (
+    "plan_addresses", "plan_reservations", "malloc", "free", "vm_reserve", "vm_release",
+    "vm_map", "vm_unmap", "memcpy_async", "memset_async", "host_view",
+):  # fmt: skip
+    setattr(SimBackend, _name, _under_lock(getattr(SimBackend, _name)))
+del _name
