@@ -1,0 +1,280 @@
+"""``HostBuffer``: host memory from the host (pinned) caching allocator."""
+
+from __future__ import annotations
+
+import ctypes
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .._device import Device
+from ._atomic import PENDING, deliver, register
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .._stream import Stream
+    from ._host import HostBlock, HostCachingAllocator
+
+__all__ = ["HostBuffer"]
+
+
+class _ArrayOwner:
+    """Exposes host memory to numpy while keeping the owning HostBuffer alive."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, interface: dict[str, Any], owner: object) -> None:
+        self.__array_interface__ = interface
+        self.owner = owner
+
+
+class HostBuffer:
+    """Host memory handed out by ``accelrt.empty_host`` (pinned where the backend can pin).
+
+    Attributes
+    ----------
+    nbytes : int
+        The size the caller asked for, in bytes (the block is this rounded up to a power of
+        two; see ``accelrt.host_memory_stats()``).
+
+    Notes
+    -----
+    ``ptr``, ``device`` and ``pinned`` are properties. ``free()``, leaving a ``with`` block, or
+    garbage collection returns the memory to the host caching allocator (not to the system);
+    freeing twice does nothing. Any other use of a freed buffer (``ptr``, ``numpy()``,
+    DLPack, the buffer protocol, ``accelrt.copy_``, ``accelrt.record_stream``) raises
+    ``ValueError``. Views taken before the free (``numpy()``) must not be used after it: the
+    memory may already belong to another buffer.
+
+    ``accelrt.copy_`` between a HostBuffer and a device ``Buffer`` is asynchronous on its
+    stream and records the stream on the buffer, so the memory is not reused before the copy
+    has run. Synchronize that stream before reading a device-to-host destination or writing
+    a host-to-device source again. The buffer protocol (``memoryview(host)``) needs Python
+    3.12 or later; ``numpy()`` works everywhere. Mirrors a pinned ``torch.uint8`` CPU tensor.
+
+    Examples
+    --------
+    >>> import numpy as np, accelrt as acc
+    >>> host = acc.empty_host(16)
+    >>> host.numpy()[:] = np.arange(16, dtype=np.uint8)
+    >>> with acc.empty(16) as dev:
+    ...     _ = acc.copy_(dev, host)
+    ...     out = acc.copy_(acc.empty_host(16), dev)
+    ...     acc.synchronize()
+    >>> int(out.numpy()[15])
+    15
+    >>> host.free()
+    """
+
+    __slots__ = ("__weakref__", "_address", "_allocator", "_block", "_device", "_pinned", "nbytes")
+
+    def __init__(
+        self,
+        allocator: HostCachingAllocator | None,
+        block: HostBlock | None,
+        nbytes: int,
+        device: Device,
+        pinned: bool,
+    ) -> None:
+        self._allocator = allocator
+        self._block = block
+        self._address = block.address if block is not None else 0
+        self._device = device
+        self._pinned = pinned
+        self.nbytes = nbytes
+
+    @property
+    def ptr(self) -> int:
+        """The host address of the memory (0 for an empty buffer).
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed.
+        """
+        if self._block is None and self.nbytes:
+            raise self._freed_error()
+        return self._address
+
+    @property
+    def device(self) -> Device:
+        """The device the memory is for (whose backend allocated and pinned it)."""
+        return self._device
+
+    @property
+    def pinned(self) -> bool:
+        """True if the memory is the driver's pinned host memory, False if ordinary memory."""
+        return self._pinned
+
+    @property
+    def freed(self) -> bool:
+        """True once the memory has been given back."""
+        return self._block is None and self.nbytes > 0
+
+    @property
+    def block(self) -> HostBlock:
+        """The host allocator's block behind the buffer.
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed or is empty.
+        """
+        if self._block is None:
+            if self.nbytes:
+                raise self._freed_error()
+            raise ValueError(f"{self!r} is empty and has no block")
+        return self._block
+
+    @property
+    def allocator(self) -> HostCachingAllocator:
+        """The host caching allocator that owns the memory.
+
+        Raises
+        ------
+        ValueError
+            If the buffer is empty (0 bytes: it has no allocator).
+        """
+        if self._allocator is None:
+            raise ValueError(f"{self!r} is empty and has no allocator")
+        return self._allocator
+
+    def _freed_error(self) -> ValueError:
+        return ValueError(
+            f"{self!r} was freed: its memory went back to the host allocator; allocate "
+            "another with accelrt.empty_host()"
+        )
+
+    def free(self) -> None:
+        """Give the memory back to the host caching allocator. Freeing twice does nothing.
+
+        Notes
+        -----
+        The block is reused once the work of every stream that used it (``copy_``,
+        ``record_stream``) has completed. Thread-safe.
+        """
+        try:  # atomic: the block is freed exactly when the buffer lets go of it
+            block, self._block = self._block, None
+            if block is not None and self._allocator is not None:
+                self._allocator.free(block)
+        finally:
+            if PENDING.flag:
+                deliver()
+
+    def record_stream(self, stream: Stream) -> None:
+        """Mark the memory as used on ``stream``: it is not reused before that work ends.
+
+        ``accelrt.copy_`` does this by itself; call it for other work that reads or writes
+        the memory on a stream. No-op for an empty buffer.
+
+        Raises
+        ------
+        TypeError
+            If ``stream`` is not a Stream.
+        ValueError
+            If the buffer was freed, or the stream belongs to another backend.
+        """
+        from .._stream import Stream
+
+        if not isinstance(stream, Stream):
+            raise TypeError(f"record_stream() takes a Stream, got {type(stream).__name__}")
+        if self.nbytes == 0:
+            return
+        block = self.block
+        if stream._backend.name != self._device.type:
+            raise ValueError(
+                f"stream {stream!r} is not a {self._device.type!r} stream: the host buffer "
+                f"belongs to {self._device}'s backend"
+            )
+        self.allocator.record_stream(block, stream._index, stream._handle)
+
+    def _memoryview(self) -> memoryview:
+        """A writable, 1-D ``uint8`` view of the memory (it does not keep the buffer alive)."""
+        if self.nbytes == 0:
+            return memoryview(bytearray(0))
+        address = self.block.address
+        return memoryview((ctypes.c_char * self.nbytes).from_address(address)).cast("B")
+
+    def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Return a zero-copy ``uint8`` numpy view of the memory.
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D, ``nbytes`` long, writable; it keeps the buffer alive.
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed.
+
+        Notes
+        -----
+        Does not synchronize: synchronize the stream of a copy before reading what it writes,
+        or writing what it reads.
+        """
+        import numpy as np
+
+        if self.nbytes == 0:
+            return np.empty(0, dtype=np.uint8)
+        array = np.frombuffer(self._memoryview(), dtype=np.uint8)
+        return np.asarray(_ArrayOwner(array.__array_interface__, (self, array)))
+
+    def __buffer__(self, flags: int) -> memoryview:
+        """The buffer protocol (PEP 688, Python 3.12+): a writable 1-D ``uint8`` view.
+
+        Raises ``ValueError`` if the buffer was freed. The view does not keep the buffer alive.
+        """
+        return self._memoryview()
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """Export the memory as a DLPack capsule (``uint8``, 1-D, CPU) for zero-copy consumers.
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed.
+        """
+        return self.numpy().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Return ``(kDLCPU, 0)``: host memory is exported as CPU memory."""
+        return (1, 0)
+
+    def __enter__(self) -> HostBuffer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __repr__(self) -> str:
+        state = ", freed" if self.freed else ""
+        return (
+            f"HostBuffer(ptr={self._address:#x}, nbytes={self.nbytes}, device={self._device!s}, "
+            f"pinned={self._pinned}{state})"
+        )
+
+    def __del__(self) -> None:
+        # A finaliser may run anywhere, even inside an allocator call on this thread (the
+        # garbage collector runs when objects are made): free_soon never re-enters one.
+        try:  # no imports in __del__: it may run at interpreter exit
+            block, self._block = self._block, None
+            if block is not None and self._allocator is not None:
+                self._allocator.free_soon(block)
+        except Exception:  # __del__ never raises
+            pass
+        finally:  # atomic (a KeyboardInterrupt here would be dropped with the free undone)
+            if PENDING.flag:
+                deliver()
+
+
+register(HostBuffer.free)
+register(HostBuffer.__del__)
