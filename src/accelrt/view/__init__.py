@@ -1,0 +1,69 @@
+"""Memory pictures: active memory over time, OOMs and the allocator state, as HTML or PNG.
+
+The picture of a trace has three parts:
+
+- **active memory over time**: every allocation stacked in allocation order (older lower),
+  x = event index (and time where the input has timestamps), y = live bytes. Allocations
+  large enough to see are drawn one by one, coloured by stack or op; smaller ones are one grey
+  area at a coarse zoom and appear one by one when zoomed in. Hovering anywhere names the
+  allocation under the cursor with its op and stack (Python frames first);
+- **OOM forensics**: recorded and replayed OOMs marked and listed (requested, free and
+  reserved bytes, stack), and what was live at the peak and at each OOM grouped by stack
+  frame and by op;
+- **the allocator state** at any event chosen from a keyboard-navigable event list: the
+  segment map of the replay, segments labelled with address and size, blocks with their state,
+  size and stack.
+
+The HTML page is self-contained (inline script, canvas, no network). Data comes from a trace
+and optionally a replay that already ran (:func:`view_of_trace`, captured at
+:func:`picture_moments`) or from a snapshot (:func:`view_of_snapshot`, which replays its
+history once when it has one).
+"""
+
+from __future__ import annotations
+
+from ._forensics import diff_text as diff_text
+from ._forensics import forensics_text as forensics_text
+from ._model import (
+    DEFAULT_MOMENTS as DEFAULT_MOMENTS,
+)
+from ._model import (
+    LiveGroup as LiveGroup,
+)
+from ._model import (
+    View as View,
+)
+from ._model import (
+    live_groups as live_groups,
+)
+from ._model import (
+    picture_moments as picture_moments,
+)
+from ._model import (
+    view_of_snapshot as view_of_snapshot,
+)
+from ._model import (
+    view_of_trace as view_of_trace,
+)
+from ._render import render_html as render_html
+from ._render import render_png as render_png
+from ._render import segment_text as segment_text
+from ._stacks import CleanStack as CleanStack
+from ._stacks import clean_stack as clean_stack
+
+__all__ = [
+    "DEFAULT_MOMENTS",
+    "CleanStack",
+    "LiveGroup",
+    "View",
+    "clean_stack",
+    "diff_text",
+    "forensics_text",
+    "live_groups",
+    "picture_moments",
+    "render_html",
+    "render_png",
+    "segment_text",
+    "view_of_snapshot",
+    "view_of_trace",
+]

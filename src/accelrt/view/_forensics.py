@@ -1,0 +1,140 @@
+"""OOM forensics and run comparison as text: for ``accelrt snapshot summary`` and ``diff``."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import TYPE_CHECKING
+
+from .._units import format_bytes
+from ..memory._summary import fit_frame, format_live_groups
+from ._model import View, live_groups
+
+if TYPE_CHECKING:
+    from ..replay import ReplayReport
+
+__all__ = ["diff_text", "forensics_text"]
+
+
+def _event(view: View, state: int) -> str:
+    return "the start" if state == 0 else f"event {state - 1}"
+
+
+def forensics_text(view: View, *, width: int = 100, limit: int = 10) -> str:
+    """The OOMs of a picture and what was live at the peak and at each OOM, as text.
+
+    Parameters
+    ----------
+    view : View
+        From :func:`view_of_trace` or :func:`view_of_snapshot`.
+    width : int
+        The widest line (tables cut long frames from the left).
+    limit : int
+        Groups per table.
+
+    Returns
+    -------
+    str
+        Plain text (no markup), ending in a newline.
+    """
+    out: list[str] = []
+    if view.notes:
+        note = "Note: the allocator state is accelrt's replay, and it differs from the recording: "
+        out += textwrap.wrap(note + "; ".join(view.notes), width)
+        out.append("")
+    if view.ooms:
+        out.append(f"Out-of-memory events: {len(view.ooms)}")
+        for n, oom in enumerate(view.ooms, start=1):
+            free = "unknown" if oom["free"] is None else format_bytes(oom["free"])
+            reserved = "unknown" if oom["reserved"] is None else format_bytes(oom["reserved"])
+            text = (
+                f"{n}. {oom['source']} at event {oom['event']}: requested "
+                f"{format_bytes(oom['size'])} ({oom['size']} bytes); free {free}, reserved "
+                f"{reserved}, live {format_bytes(oom['live'])}"
+            )
+            out += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="     ")
+            if oom["stack"] >= 0:
+                for line in view.stacks[oom["stack"]].lines(native_shown=1)[:8]:
+                    out.append("       " + fit_frame(line, width - 7))
+        out.append("")
+    else:
+        out.append("Out-of-memory events: none")
+        out.append("")
+    moments = [(f"the peak ({_event(view, view.peak_state)})", view.peak_state)]
+    moments += [(f"OOM {n} (event {o['event']})", o["event"]) for n, o in enumerate(view.ooms, 1)]
+    totals = view.totals()
+    for label, state in moments[: 1 + min(len(view.ooms), 3)]:
+        for by, what in (("frame", "stack frame"), ("op", "op")):
+            if by == "op" and not view.ops:
+                continue
+            groups = live_groups(view, state, by, limit)
+            rows = [(g.key, g.bytes, g.count) for g in groups]
+            title = (
+                f"Live at {label}: {format_bytes(int(totals[state]))} in "
+                f"{sum(g.count for g in groups)} allocations, by {what}"
+            )
+            out.append(format_live_groups(title, rows, int(totals[state]), width=width))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def diff_text(
+    a: tuple[str, View, ReplayReport],
+    b: tuple[str, View, ReplayReport],
+    *,
+    width: int = 100,
+    limit: int = 15,
+) -> str:
+    """Compare two runs: their peaks, and live bytes per stack frame at each run's peak.
+
+    Parameters
+    ----------
+    a, b : tuple of (str, View, ReplayReport)
+        A label, the picture and the replay of each run (snapshots or traces, or one trace
+        under two settings).
+    width : int
+        The widest line.
+    limit : int
+        Rows of the per-frame table (largest differences first).
+
+    Returns
+    -------
+    str
+        Plain text ending in a newline.
+    """
+    (la, va, ra), (lb, vb, rb) = a, b
+    rows = [
+        ("peak live", va.peak_bytes, vb.peak_bytes),
+        ("peak reserved (replay)", ra.peak_reserved_bytes, rb.peak_reserved_bytes),
+        ("OOMs", len(va.ooms), len(vb.ooms)),
+        ("events", va.events, vb.events),
+    ]
+    out = [f"A: {la} ({ra.config})", f"B: {lb} ({rb.config})", ""]
+    out.append(f"{'':<24}{'A':>16}{'B':>16}{'B - A':>17}")
+    for name, x, y in rows:
+        if name == "OOMs" or name == "events":
+            out.append(f"{name:<24}{x:>16}{y:>16}{y - x:>+17}")
+        else:
+            sign = "-" if y < x else "+"
+            out.append(
+                f"{name:<24}{format_bytes(x):>16}{format_bytes(y):>16}"
+                f"{sign + format_bytes(abs(y - x)):>17}"
+            )
+    ga = {g.key: g.bytes for g in live_groups(va, va.peak_state, "frame", 10**9)}
+    gb = {g.key: g.bytes for g in live_groups(vb, vb.peak_state, "frame", 10**9)}
+    keys = sorted(
+        set(ga) | set(gb),
+        key=lambda k: (-abs(gb.get(k, 0) - ga.get(k, 0)), -max(ga.get(k, 0), gb.get(k, 0)), k),
+    )
+    out += ["", "Live bytes at each run's peak, by stack frame (largest differences first):"]
+    out.append(f"{'A':>12} {'B':>12} {'B - A':>13}  where")
+    key_width = max(20, width - 42)
+    for key in keys[:limit]:
+        x, y = ga.get(key, 0), gb.get(key, 0)
+        shown = fit_frame(key, key_width)
+        sign = "-" if y < x else "+"
+        out.append(
+            f"{format_bytes(x):>12} {format_bytes(y):>12} {sign + format_bytes(abs(y - x)):>13}"
+            f"  {shown}"
+        )
+    if len(keys) > limit:
+        out.append(f"... {len(keys) - limit} more frames")
+    return "\n".join(out) + "\n"
