@@ -50,7 +50,7 @@ from ._policy import (
     should_split,
 )
 from ._segments import AnySegment, ExpandableSegment, MemorySource, Segment
-from ._stats import DeviceStats
+from ._stats import DeviceStats, Stat, StatArray
 
 __all__ = ["CachingAllocator"]
 
@@ -60,9 +60,9 @@ class _PrivatePool:
 
     __slots__ = ("large", "owner_alive", "small")
 
-    def __init__(self, pool_id: PoolId) -> None:
-        self.small = BlockPool(is_small=True, pool_id=pool_id)
-        self.large = BlockPool(is_small=False, pool_id=pool_id)
+    def __init__(self, pool_id: PoolId, pool_type: type[BlockPool]) -> None:
+        self.small = pool_type(is_small=True, pool_id=pool_id)
+        self.large = pool_type(is_small=False, pool_id=pool_id)
         self.owner_alive = True
 
 
@@ -86,6 +86,14 @@ class CachingAllocator:
     and give them back to :meth:`free`. Mirrors c10's ``DeviceCachingAllocator``.
     """
 
+    #: The types of blocks, free lists and statistics. The compiled core (memory/_core.py)
+    #: supplies compiled ones with the same attributes, which the code here uses through these
+    #: names.
+    _Block: type[Block] = Block
+    _BlockPool: type[BlockPool] = BlockPool
+    _Stat: type[Stat] = Stat
+    _StatArray: type[StatArray] = StatArray
+
     def __init__(
         self, backend: Backend, device_index: int, config: AllocatorConfig | None = None
     ) -> None:
@@ -93,9 +101,9 @@ class CachingAllocator:
         self.device_index = device_index
         self.device_name = f"{backend.name}:{device_index}"
         self._source = MemorySource(backend, device_index)
-        self._lock = threading.RLock()
-        self._small = BlockPool(is_small=True)
-        self._large = BlockPool(is_small=False)
+        self._lock = self._make_lock()
+        self._small = self._BlockPool(is_small=True)
+        self._large = self._BlockPool(is_small=False)
         self._private: dict[PoolId, _PrivatePool] = {}
         self._routes: dict[int, list[PoolId]] = {}  # thread id -> stack of active pool ids
         self._active: dict[int, Block] = {}
@@ -109,11 +117,15 @@ class CachingAllocator:
         self.config = AllocatorConfig()
         self._max_split = UNLIMITED
         self._expandable = False
-        self.stats = DeviceStats(max_split_size=-1)
+        self.stats = DeviceStats(-1, self._Stat, self._StatArray)
         self._warned_expandable = False
         self._observer: History | None = None
         protect_sigint()
         self.set_config(config if config is not None else AllocatorConfig())
+
+    def _make_lock(self) -> Any:
+        """The lock every public method holds (the compiled core brings its own)."""
+        return threading.RLock()
 
     # ------------------------------------------------------------------ settings
     @atomic
@@ -345,7 +357,7 @@ class CachingAllocator:
             self.stats.oversize_segments.increase(1)
         if self._observer is not None:
             self._observer.record("segment_alloc", segment.address, alloc_size, stream, segment)
-        return Block(segment.address, alloc_size, stream, pool, segment)
+        return self._Block(segment.address, alloc_size, stream, pool, segment)
 
     # ------------------------------------------------------------------ expandable segments
     def _grow_expandable(self, pool: BlockPool, size: int, stream: int) -> Block | None:
@@ -386,7 +398,7 @@ class CachingAllocator:
             segment.release()
             return None
         self._segments[segment.address] = segment
-        block = Block(segment.address, segment.size, stream, pool, segment)
+        block = self._Block(segment.address, segment.size, stream, pool, segment)
         block.mapped = False
         pool.insert_unmapped(block)
         return block
@@ -402,7 +414,9 @@ class CachingAllocator:
         pool.remove_unmapped(block)
         block.mapped = True
         if mapped < block.size:
-            rest = Block(block.address + mapped, block.size - mapped, block.stream, pool, segment)
+            rest = self._Block(
+                block.address + mapped, block.size - mapped, block.stream, pool, segment
+            )
             rest.mapped = False
             _link_after(block, rest)
             pool.insert_unmapped(rest)
@@ -427,12 +441,12 @@ class CachingAllocator:
         pool.remove(block)
         before = start - block.address
         if before > 0:
-            head = Block(block.address, before, block.stream, pool, segment)
+            head = self._Block(block.address, before, block.stream, pool, segment)
             _link_after(block.prev, head, block)
             pool.insert(head)
         after = block.size - before - unmapped
         if after > 0:
-            tail = Block(start + unmapped, after, block.stream, pool, segment)
+            tail = self._Block(start + unmapped, after, block.stream, pool, segment)
             _link_after(block, tail)
             pool.insert(tail)
         block.address = start
@@ -454,7 +468,7 @@ class CachingAllocator:
         already_split = block.prev is not None or block.next is not None  # hot: no call
         if should_split(block.size, size, is_small, self._max_split, self._expandable):
             remaining = block
-            block = Block(remaining.address, size, remaining.stream, pool, remaining.segment)
+            block = self._Block(remaining.address, size, remaining.stream, pool, remaining.segment)
             block.prev = remaining.prev
             if block.prev is not None:
                 block.prev.next = block
@@ -604,7 +618,7 @@ class CachingAllocator:
         pool, stream, stats = segment.pool, segment.stream, self.stats
         chain: list[Block] = []
         for block_bytes, requested in blocks:
-            block = Block(address, block_bytes, stream, pool, segment)
+            block = self._Block(address, block_bytes, stream, pool, segment)
             if chain:
                 block.prev, chain[-1].next = chain[-1], block
             chain.append(block)
@@ -676,7 +690,7 @@ class CachingAllocator:
     def _deferred_inside_operation(self, work: Callable[..., None], *args: Any) -> bool:
         """For finalisers: if this thread is inside one of this allocator's operations, queue
         ``work(*args)`` for when it ends and return True; else return False (do it now)."""
-        if not self._lock._is_owned():  # type: ignore[attr-defined]
+        if not self._lock._is_owned():
             return False
         self._finalized.append(functools.partial(work, *args))
         return True
@@ -1033,7 +1047,7 @@ class CachingAllocator:
         """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist."""
         with self._lock:
             if pool_id not in self._private:
-                self._private[pool_id] = _PrivatePool(pool_id)
+                self._private[pool_id] = _PrivatePool(pool_id, self._BlockPool)
 
     @atomic
     def begin_allocate_to_pool(self, pool_id: PoolId) -> None:

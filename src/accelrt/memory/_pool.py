@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 from .. import _runtime
 from .._device import Device, DeviceLike
-from ._allocator import CachingAllocator
 from ._block import PoolId
+from ._core import CachingAllocator
 from ._history import SegmentInfo
 from ._registry import get_allocator
 

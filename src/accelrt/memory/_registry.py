@@ -11,8 +11,8 @@ import threading
 
 from .. import _runtime
 from ..backends._base import Backend
-from ._allocator import CachingAllocator
 from ._config import AllocatorConfig
+from ._core import CachingAllocator
 
 __all__ = [
     "allocator_config",

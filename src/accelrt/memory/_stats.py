@@ -127,18 +127,27 @@ class DeviceStats:
         "segment",
     )
 
-    def __init__(self, max_split_size: int) -> None:
-        self.allocation = StatArray()
-        self.segment = StatArray()
-        self.active = StatArray()
-        self.inactive_split = StatArray()
-        self.allocated_bytes = StatArray()
-        self.reserved_bytes = StatArray()
-        self.active_bytes = StatArray()
-        self.inactive_split_bytes = StatArray()
-        self.requested_bytes = StatArray()
-        self.oversize_allocations = Stat()
-        self.oversize_segments = Stat()
+    def __init__(
+        self,
+        max_split_size: int,
+        stat_type: type[Stat] | None = None,
+        array_type: type[StatArray] | None = None,
+    ) -> None:
+        """``max_split_size`` in bytes (-1: unset); the compiled core passes its own
+        ``Stat``/``StatArray`` types (memory/_native.pyx), which have the same attributes."""
+        stat_type = stat_type or Stat
+        array_type = array_type or StatArray
+        self.allocation = array_type()
+        self.segment = array_type()
+        self.active = array_type()
+        self.inactive_split = array_type()
+        self.allocated_bytes = array_type()
+        self.reserved_bytes = array_type()
+        self.active_bytes = array_type()
+        self.inactive_split_bytes = array_type()
+        self.requested_bytes = array_type()
+        self.oversize_allocations = stat_type()
+        self.oversize_segments = stat_type()
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_sync_all_streams = 0

@@ -1,0 +1,45 @@
+"""Builds the allocator's compiled core (src/accelrt/memory/_native.pyx) with Cython.
+
+Everything else about the package is in pyproject.toml. The extension is optional: when it
+cannot be built (no C++ compiler), installation goes on and accelrt runs its pure-Python
+allocator, with the same behaviour (docs/design.md, "Two cores").
+"""
+
+from __future__ import annotations
+
+import sys
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that warns instead of failing when the compiled core cannot be built."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler: the pure-Python core runs
+            print(f"accelrt: compiled core not built ({exc}); using Python", file=sys.stderr)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            print(f"accelrt: {ext.name} not built ({exc}); using Python", file=sys.stderr)
+
+
+extensions = [
+    Extension(
+        "accelrt.memory._native",
+        ["src/accelrt/memory/_native.pyx"],
+        language="c++",
+        extra_compile_args=["-O2", "-std=c++17"],
+    )
+]
+
+setup(
+    ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
+    cmdclass={"build_ext": OptionalBuildExt},
+)

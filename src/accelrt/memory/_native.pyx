@@ -1,0 +1,795 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# distutils: language = c++
+"""The compiled core of the caching allocator: its hit path in C++ (docs/design.md, "Two cores").
+
+This module holds the allocator's hot data and the operations that run on every call:
+``Block`` and ``BlockPool`` (free blocks indexed by (stream, size, address) in C++ ordered
+sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``, ``free``, the best-fit lookup, splitting and merging.
+
+``NativeCachingAllocator`` (memory/_core.py) is ``HotPath`` in front of the Python
+``CachingAllocator``: every rare path (new segments, the OOM ladder, events, expandable
+segments, private pools, snapshots, history) is the Python reference's own code, working on
+these same objects through the same attribute names. The methods here are line-for-line
+translations of their namesakes in memory/_allocator.py and memory/_block.py; the differential
+test (tests/memory/test_native_core.py) holds the two to identical blocks, addresses,
+statistics and snapshots.
+
+Compiled code runs no bytecode, so a KeyboardInterrupt cannot arrive half-way through it: the
+hit path is atomic by construction. Where it calls back into Python (the slow paths), those
+functions are registered with memory/_atomic.py by memory/_core.py, as the Python hot path is.
+"""
+
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t
+from libcpp.map cimport map as cmap
+from libcpp.unordered_map cimport unordered_map
+from libcpp.vector cimport vector
+
+cimport cython
+from cython.operator cimport dereference as deref
+from fastrlock.rlock cimport create_fastrlock, lock_fastrlock, unlock_fastrlock
+
+from ._allocator import _as_size
+from .._errors import OutOfMemoryError
+from ._atomic import PENDING, deliver
+from ._block import DEFAULT_POOL_ID
+from ._segments import ExpandableSegment
+
+__all__ = ["Block", "BlockPool", "HotPath", "Stat", "StatArray"]
+
+cdef object _DEFAULT_POOL_ID = DEFAULT_POOL_ID
+cdef int64_t K_MIN_BLOCK_SIZE = 512
+cdef int64_t K_MAX_REQUEST_BYTES = 1 << 60
+cdef int64_t K_SMALL_SIZE = 1 << 20
+cdef object UNLIMITED = 1 << 64
+
+cdef enum:
+    NUM_ROUNDUP_SLOTS = 16  # memory/_config.py NUM_ROUNDUP_SLOTS
+
+
+cdef extern from *:
+    int __builtin_clzll(unsigned long long) nogil
+
+ctypedef PyObject* BlockRef  # a Block, borrowed or owned as the comment says
+
+
+# ---------------------------------------------------------------------- statistics
+@cython.final
+cdef class Stat:
+    """One statistic: current value, peak, and the sums of increases and decreases.
+
+    The compiled twin of memory/_stats.py ``Stat``.
+    """
+
+    cdef public int64_t current, peak, allocated, freed
+
+    cdef inline void up(self, int64_t amount) noexcept:
+        self.current += amount
+        self.allocated += amount
+        if self.current > self.peak:
+            self.peak = self.current
+
+    cdef inline void down(self, int64_t amount) noexcept:
+        self.current -= amount
+        self.freed += amount
+
+    def increase(self, int64_t amount):
+        """Add ``amount`` to current (and to allocated); raise the peak if exceeded."""
+        self.up(amount)
+
+    def decrease(self, int64_t amount):
+        """Subtract ``amount`` from current and add it to freed."""
+        self.down(amount)
+
+    def reset_peak(self):
+        """Set peak to current."""
+        self.peak = self.current
+
+    def reset_accumulated(self):
+        """Set allocated and freed to 0."""
+        self.allocated = 0
+        self.freed = 0
+
+
+@cython.final
+cdef class StatArray:
+    """A ``Stat`` for all pools together and one each for the small and the large pool."""
+
+    cdef public Stat all, small, large
+
+    def __cinit__(self):
+        self.all = Stat()
+        self.small = Stat()
+        self.large = Stat()
+
+    cdef inline void up(self, bint is_small, int64_t amount) noexcept:
+        self.all.up(amount)
+        (self.small if is_small else self.large).up(amount)
+
+    cdef inline void down(self, bint is_small, int64_t amount) noexcept:
+        self.all.down(amount)
+        (self.small if is_small else self.large).down(amount)
+
+    def increase(self, bint is_small, int64_t amount):
+        """Increase ``all`` and the given pool's stat."""
+        self.up(is_small, amount)
+
+    def decrease(self, bint is_small, int64_t amount):
+        """Decrease ``all`` and the given pool's stat."""
+        self.down(is_small, amount)
+
+    def stats(self):
+        """Return the stats in key order: ``all``, ``small_pool``, ``large_pool``."""
+        return (self.all, self.small, self.large)
+
+
+# ---------------------------------------------------------------------- blocks and pools
+@cython.final
+@cython.freelist(64)
+@cython.trashcan(True)
+cdef class Block:
+    """A piece of a segment: allocated, pending free (waiting for events) or free.
+
+    The compiled twin of memory/_block.py ``Block``: the same attributes and methods.
+    """
+
+    cdef public int64_t address, size, stream, requested_size, event_count, gc_count_base
+    cdef public bint allocated, mapped
+    cdef public object stream_uses, frames
+    cdef public BlockPool pool
+    cdef public Block prev, next
+    cdef object _segment
+    cdef bint _expandable
+
+    def __init__(self, int64_t address, int64_t size, int64_t stream, BlockPool pool, segment):
+        self.address = address
+        self.size = size
+        self.stream = stream
+        self.pool = pool
+        self.segment = segment
+        self.mapped = True
+
+    @property
+    def segment(self):
+        return self._segment
+
+    @segment.setter
+    def segment(self, value):
+        self._segment = value
+        self._expandable = isinstance(value, ExpandableSegment)
+
+    def is_split(self):
+        """True if the block shares its segment with other blocks."""
+        return self.prev is not None or self.next is not None
+
+    def is_free(self):
+        """True if the block is neither allocated nor waiting for events (it may be unmapped)."""
+        return not self.allocated and self.event_count == 0 and not self.stream_uses
+
+    def __repr__(self):
+        state = "allocated" if self.allocated else "free" if self.mapped else "unmapped"
+        return f"Block(address={self.address:#x}, size={self.size}, stream={self.stream}, {state})"
+
+
+cdef inline Block _split_block(Block whole, int64_t size):
+    """A new block for the first ``size`` bytes of ``whole`` (same stream, pool, segment)."""
+    cdef Block block = Block.__new__(Block)
+    block.address = whole.address
+    block.size = size
+    block.stream = whole.stream
+    block.pool = whole.pool
+    block._segment = whole._segment
+    block._expandable = whole._expandable
+    block.mapped = True
+    return block
+
+
+cdef extern from *:
+    """
+    #include <algorithm>
+    #include <vector>
+    // One stream's free blocks, sorted by (size, address): a best fit is one binary search,
+    // and inserting or removing moves the entries after it, with no allocation per block.
+    struct FreeEntry { int64_t size; int64_t address; PyObject* block; };
+    typedef std::vector<FreeEntry> FreeList;
+    static inline size_t free_list_lower_bound(const FreeList& v, int64_t size, int64_t address) {
+        return std::lower_bound(v.begin(), v.end(), FreeEntry{size, address, nullptr},
+            [](const FreeEntry& a, const FreeEntry& b) {
+                return a.size < b.size || (a.size == b.size && a.address < b.address);
+            }) - v.begin();
+    }
+    static inline void free_list_insert(FreeList& v, int64_t size, int64_t address, PyObject* b) {
+        v.insert(v.begin() + free_list_lower_bound(v, size, address), FreeEntry{size, address, b});
+    }
+    static inline PyObject* free_list_erase(FreeList& v, int64_t size, int64_t address) {
+        size_t i = free_list_lower_bound(v, size, address);
+        if (i == v.size() || v[i].size != size || v[i].address != address) return nullptr;
+        PyObject* found = v[i].block;
+        v.erase(v.begin() + i);
+        return found;
+    }
+    """
+    cdef struct FreeEntry:
+        int64_t size
+        int64_t address
+        PyObject* block
+    cdef cppclass FreeList:
+        size_t size() noexcept
+        FreeEntry& operator[](size_t) noexcept
+        void clear() noexcept
+    size_t free_list_lower_bound(const FreeList&, int64_t, int64_t) noexcept
+    void free_list_insert(FreeList&, int64_t, int64_t, PyObject*) except +
+    PyObject* free_list_erase(FreeList&, int64_t, int64_t) noexcept
+
+
+@cython.final
+cdef class BlockPool:
+    """The free blocks of one pool by (stream, size, address), and its unmapped blocks.
+
+    The compiled twin of memory/_block.py ``BlockPool``: the same methods, with each stream's
+    free blocks in a sorted C++ vector. The pool holds a reference to each block it lists.
+    """
+
+    cdef cmap[int64_t, FreeList] _keys
+    cdef size_t _count
+    cdef cmap[int64_t, cmap[int64_t, BlockRef]] _unmapped_keys
+    cdef vector[int64_t] _unmapped_order  # streams in first-seen order, as a dict keeps them
+    cdef unordered_map[int64_t, BlockRef] _unmapped
+    cdef public bint is_small
+    cdef public object pool_id
+    cdef public int64_t get_free_blocks_call_count
+
+    def __init__(self, bint is_small, pool_id=DEFAULT_POOL_ID):
+        self.is_small = is_small
+        self.pool_id = pool_id
+
+    def __dealloc__(self):
+        self.drop_all()
+
+    cdef void drop_all(self) noexcept:
+        """Let go of every listed block (the allocator is gone)."""
+        cdef size_t i
+        for item in self._keys:
+            for i in range(item.second.size()):
+                Py_DECREF(<object>item.second[i].block)
+        for unmapped in self._unmapped:
+            Py_DECREF(<object>unmapped.second)
+        self._keys.clear()
+        self._count = 0
+        self._unmapped.clear()
+        self._unmapped_keys.clear()
+
+    def __len__(self):
+        return self._count
+
+    cdef inline FreeList* stream_list(self, int64_t stream) noexcept:
+        cdef cmap[int64_t, FreeList].iterator found = self._keys.find(stream)
+        if found == self._keys.end():
+            return NULL
+        return &deref(found).second
+
+    cdef inline int add(self, Block block) except -1:
+        block.gc_count_base = self.get_free_blocks_call_count
+        free_list_insert(self._keys[block.stream], block.size, block.address, <PyObject*>block)
+        Py_INCREF(block)
+        self._count += 1
+        return 0
+
+    cdef inline bint drop(self, Block block) noexcept:
+        cdef FreeList* free_list = self.stream_list(block.stream)
+        if free_list == NULL or free_list_erase(free_list[0], block.size, block.address) == NULL:
+            return False
+        self._count -= 1
+        Py_DECREF(block)
+        return True
+
+    cdef inline Block first_fit(self, int64_t stream, int64_t size):
+        cdef FreeList* free_list = self.stream_list(stream)
+        if free_list == NULL:
+            return None
+        cdef size_t i = free_list_lower_bound(free_list[0], size, INT64_MIN)
+        if i == free_list.size():
+            return None
+        return <Block>free_list[0][i].block
+
+    def insert(self, Block block not None):
+        """Add a free mapped block; its garbage-collection age starts now."""
+        self.add(block)
+
+    def remove(self, Block block not None):
+        """Remove a free mapped block."""
+        if not self.drop(block):
+            raise KeyError(block.address)
+
+    def get(self, int64_t address):
+        """Return the free block (mapped or not) starting at ``address``, if any.
+
+        A scan of the free blocks: only snapshots and summaries ask, once per segment.
+        """
+        cdef size_t i
+        for item in self._keys:
+            for i in range(item.second.size()):
+                if item.second[i].address == address:
+                    return <Block>item.second[i].block
+        cdef unordered_map[int64_t, BlockRef].iterator it = self._unmapped.find(address)
+        if it != self._unmapped.end():
+            return <Block>deref(it).second
+        return None
+
+    def lower_bound(self, int64_t stream, int64_t size):
+        """Return the smallest block on ``stream`` with size >= ``size`` (lowest address first)."""
+        return self.first_fit(stream, size)
+
+    cdef list _listed(self, int64_t stream, int64_t size, bint below):
+        cdef list out = []
+        cdef FreeList* free_list = self.stream_list(stream)
+        if free_list == NULL:
+            return out
+        cdef size_t bound = free_list_lower_bound(free_list[0], size, INT64_MIN)
+        cdef size_t start = 0 if below else bound
+        cdef size_t stop = bound if below else free_list.size()
+        cdef size_t i
+        for i in range(start, stop):
+            out.append(<Block>free_list[0][i].block)
+        return out
+
+    def candidates(self, int64_t stream, int64_t size):
+        """Iterate over the blocks on ``stream`` of size >= ``size``, by (size, address)."""
+        return iter(self._listed(stream, size, False))
+
+    def stream_blocks(self, int64_t stream, *, bint descending=False):
+        """Return the blocks on ``stream`` by (size, address), or the reverse."""
+        out = self._listed(stream, INT64_MIN, False)
+        if descending:
+            out.reverse()
+        return out
+
+    def stream_blocks_below(self, int64_t stream, int64_t size):
+        """Return the blocks on ``stream`` smaller than ``size``, by (size, address)."""
+        return self._listed(stream, size, True)
+
+    def blocks(self):
+        """Iterate over a snapshot of all free mapped blocks in (stream, size, address) order."""
+        cdef list out = []
+        cdef size_t i
+        for item in self._keys:
+            for i in range(item.second.size()):
+                out.append(<Block>item.second[i].block)
+        return iter(out)
+
+    # unmapped blocks of expandable segments, by (stream, address)
+    def insert_unmapped(self, Block block not None):
+        """Add an unmapped block."""
+        if self._unmapped_keys.count(block.stream) == 0:
+            self._unmapped_order.push_back(block.stream)
+        self._unmapped_keys[block.stream][block.address] = <PyObject*>block
+        self._unmapped[block.address] = <PyObject*>block
+        Py_INCREF(block)
+
+    def remove_unmapped(self, Block block not None):
+        """Remove an unmapped block."""
+        if self._unmapped.count(block.address) == 0:
+            raise KeyError(block.address)
+        self.drop_unmapped(block)
+
+    cdef inline void drop_unmapped(self, Block block) noexcept:
+        self._unmapped_keys[block.stream].erase(block.address)
+        self._unmapped.erase(block.address)
+        Py_DECREF(block)
+
+    def unmapped_blocks(self, int64_t stream):
+        """Return the unmapped blocks on ``stream`` in address order."""
+        cdef list out = []
+        if self._unmapped_keys.count(stream):
+            for item in self._unmapped_keys[stream]:
+                out.append(<Block>item.second)
+        return out
+
+    def unmapped_streams(self):
+        """Return the streams that have unmapped blocks in this pool."""
+        return [s for s in self._unmapped_order if self._unmapped_keys[s].size()]
+
+    def unmapped_count(self):
+        """Return how many unmapped blocks the pool holds."""
+        return self._unmapped.size()
+
+
+# ---------------------------------------------------------------------- the hit path
+cdef int64_t _request_bytes(object nbytes) except -1:
+    """A request's size in bytes, checked as CachingAllocator.malloc checks it."""
+    if type(nbytes) is not int:
+        nbytes = _as_size(nbytes)
+    cdef int64_t n
+    try:
+        n = nbytes
+    except OverflowError:  # beyond int64: refused below with the caller's value
+        n = K_MAX_REQUEST_BYTES + 1 if nbytes > 0 else 0
+    if n < 1 or n > K_MAX_REQUEST_BYTES:
+        raise ValueError(
+            f"allocation size must be between 1 and 2**60 bytes, got {nbytes}"
+            + (": no device has that much memory" if n > K_MAX_REQUEST_BYTES else "")
+        )
+    return n
+
+
+
+@cython.no_gc_clear
+cdef class HotPath:
+    """``malloc``, ``free`` and what they run on every call, compiled.
+
+    The base of ``NativeCachingAllocator``; the attributes are those the Python
+    ``CachingAllocator`` uses, typed. Setting ``config``, ``stats`` or ``_max_split`` caches
+    what the hit path reads from them.
+    """
+
+    cdef public object _lock  # a fastrlock.FastRLock: no Python call when uncontended
+    cdef public BlockPool _small, _large
+    cdef public dict _active, _routes, _events
+    cdef public list _finalized
+    cdef public object _allowed_max, _observer
+    cdef public bint _expandable
+    cdef object _config, _stats
+    cdef int64_t _max_split_c, _max_non_split_rounding
+    cdef bint _rounds_to_divisions, _gc_configured
+    cdef int64_t _divisions[NUM_ROUNDUP_SLOTS]
+    cdef StatArray _allocation, _allocated_bytes, _active_count, _active_bytes
+    cdef StatArray _requested_bytes, _inactive_split, _inactive_split_bytes
+    cdef Stat _oversize_allocations
+
+    def __cinit__(self, *args, **kwargs):
+        self._lock = create_fastrlock()
+        self._max_split_c = INT64_MAX
+
+    def __dealloc__(self):
+        # Pools hold their blocks and blocks their pool: break the cycle the collector cannot
+        # see (the pools' C++ sets are invisible to it).
+        if self._small is not None:
+            self._small.drop_all()
+        if self._large is not None:
+            self._large.drop_all()
+
+    def _make_lock(self):
+        return self._lock
+
+    @property
+    def config(self):
+        return self._config
+
+    @config.setter
+    def config(self, config):
+        divisions = config.roundup_power2_divisions
+        for i in range(NUM_ROUNDUP_SLOTS):
+            self._divisions[i] = divisions[i]
+        self._rounds_to_divisions = config.rounds_to_divisions
+        self._max_non_split_rounding = config.max_non_split_rounding
+        self._gc_configured = config.garbage_collection_threshold > 0
+        self._config = config
+
+    @property
+    def stats(self):
+        return self._stats
+
+    @stats.setter
+    def stats(self, stats):
+        self._allocation = stats.allocation
+        self._allocated_bytes = stats.allocated_bytes
+        self._active_count = stats.active
+        self._active_bytes = stats.active_bytes
+        self._requested_bytes = stats.requested_bytes
+        self._inactive_split = stats.inactive_split
+        self._inactive_split_bytes = stats.inactive_split_bytes
+        self._oversize_allocations = stats.oversize_allocations
+        self._stats = stats
+
+    @property
+    def _max_split(self):
+        return UNLIMITED if self._max_split_c == INT64_MAX else self._max_split_c
+
+    @_max_split.setter
+    def _max_split(self, value):
+        self._max_split_c = INT64_MAX if value >= INT64_MAX else value
+
+    cdef inline int64_t round_size(self, int64_t nbytes):
+        """memory/_policy.py ``round_size`` with the cached configuration."""
+        cdef int64_t divisions = 0, floor, step, rounded
+        cdef int log_size, index
+        if nbytes < K_MIN_BLOCK_SIZE:
+            return K_MIN_BLOCK_SIZE
+        if self._rounds_to_divisions:
+            log_size = 63 - __builtin_clzll(<unsigned long long>nbytes)
+            index = min(max(log_size - 20, 0), NUM_ROUNDUP_SLOTS - 1)
+            divisions = self._divisions[index]
+        if divisions > 1 and nbytes > K_MIN_BLOCK_SIZE * divisions:
+            if nbytes & (nbytes - 1) == 0:
+                return nbytes
+            floor = (<int64_t>1) << (63 - __builtin_clzll(<unsigned long long>nbytes))
+            step = floor // divisions
+            if step == 0:
+                return floor << 1
+            rounded = nbytes & ~(step - 1)
+            return nbytes if rounded == nbytes else rounded + step
+        return (nbytes + K_MIN_BLOCK_SIZE - 1) // K_MIN_BLOCK_SIZE * K_MIN_BLOCK_SIZE
+
+    def malloc(self, nbytes, stream):
+        """Allocate a block of at least ``nbytes`` on ``stream``: see CachingAllocator.malloc."""
+        return self.malloc_c(_request_bytes(nbytes), stream)
+
+    cdef Block malloc_c(self, int64_t n, int64_t on_stream):
+        cdef bint ran_python = False
+        cdef int64_t size
+        cdef BlockPool pool
+        cdef Block block
+        lock_fastrlock(self._lock, -1, True)
+        try:
+            if self._finalized:
+                ran_python = True
+                self._free_finalized()
+            if self._events:
+                ran_python = True
+                self._process_events()
+            size = self.round_size(n)
+            if self._routes:
+                ran_python = True
+                pool = self._routed_pool(size)
+            else:
+                pool = self._small if size <= K_SMALL_SIZE else self._large
+            block = self.get_free_block(pool, size, on_stream)
+            if block is None:
+                ran_python = True
+                block = self._malloc_slow(pool, size, n, on_stream)
+            block = self.alloc_found_block(block, size, n)
+            if self._observer is not None:
+                ran_python = True
+                self._observer.record("alloc", block.address, n, on_stream, block)
+            return block
+        finally:
+            unlock_fastrlock(self._lock)
+            if ran_python and PENDING.flag:
+                deliver()
+
+    def run_events(
+        self,
+        const signed char[:] codes,
+        const int64_t[:] addresses,
+        const int64_t[:] sizes,
+        handles,
+        int64_t handle,
+        dict blocks,
+        Py_ssize_t start,
+        Py_ssize_t stop,
+    ):
+        """Replay events ``start`` to ``stop - 1`` of a trace's columns; the replay loop's core.
+
+        Parameters
+        ----------
+        codes : int8 array
+            Per event: 0 alloc, 1 free, 2 empty_cache, 3 skip, 4 too large for any device
+            (accelrt/replay.py's work codes).
+        addresses, sizes : int64 arrays
+            The trace's addresses and byte counts.
+        handles : int64 array or None
+            Each event's stream handle; None when every event uses ``handle``.
+        blocks : dict of int to Block
+            The live blocks by trace address; allocs add to it, frees take from it (a free of
+            an address not in it is skipped).
+
+        Returns
+        -------
+        int
+            ``stop``, or the index of the first alloc that ran out of memory or is too large
+            (code 4): the caller records it and goes on from the next event.
+
+        Notes
+        -----
+        Same effect as calling ``malloc``/``free``/``empty_cache`` for each event, without a
+        Python call per event: replay.py's Python loop (``_run_chunk``) is its reference.
+        """
+        cdef const int64_t[:] stream_of
+        cdef bint per_event = handles is not None
+        if per_event:
+            stream_of = handles
+        cdef Py_ssize_t i
+        cdef signed char code
+        cdef object found
+        for i in range(start, stop):
+            code = codes[i]
+            if code == 0:
+                try:
+                    block = self.malloc_c(sizes[i], stream_of[i] if per_event else handle)
+                except OutOfMemoryError:
+                    return i
+                blocks[addresses[i]] = block
+            elif code == 1:
+                found = blocks.pop(addresses[i], None)
+                if found is not None:
+                    self.free_c(found)
+            elif code == 2:
+                self.empty_cache()
+            elif code == 4:
+                return i
+        return stop
+
+    cdef Block get_free_block(self, BlockPool pool, int64_t size, int64_t stream):
+        if self._gc_configured and self._allowed_max is not None:
+            pool.get_free_blocks_call_count += 1
+        cdef Block block = pool.first_fit(stream, size)
+        if block is None:
+            return None
+        if block._expandable:
+            block = self._expandable_candidate(pool, size, stream)
+            if block is None:
+                return None
+        cdef int64_t max_split = self._max_split_c
+        if size < max_split and block.size >= max_split:
+            return None  # keep oversize blocks for oversize requests
+        if size >= max_split and block.size >= size + self._max_non_split_rounding:
+            return None
+        pool.drop(block)
+        return block
+
+    cdef Block alloc_found_block(self, Block block, int64_t size, int64_t nbytes):
+        cdef BlockPool pool = block.pool
+        cdef bint is_small = pool.is_small
+        cdef bint counts_split = not block._expandable  # inactive_split skips expandable
+        cdef bint already_split = block.prev is not None or block.next is not None
+        cdef int64_t remaining_bytes = block.size - size
+        cdef bint split
+        cdef Block remaining
+        if is_small or self._expandable:
+            split = remaining_bytes >= K_MIN_BLOCK_SIZE
+        else:
+            split = size < self._max_split_c and remaining_bytes > K_SMALL_SIZE
+        if split:
+            remaining = block
+            block = _split_block(remaining, size)
+            block.prev = remaining.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = remaining
+            remaining.prev = block
+            remaining.address += size
+            remaining.size -= size
+            pool.add(remaining)
+            if counts_split and already_split:
+                self._inactive_split_bytes.down(is_small, size)
+            elif counts_split:
+                self._inactive_split_bytes.up(is_small, remaining.size)
+                self._inactive_split.up(is_small, 1)
+        elif already_split and counts_split:
+            self._inactive_split_bytes.down(is_small, block.size)
+            self._inactive_split.down(is_small, 1)
+        block.allocated = True
+        block.requested_size = nbytes
+        self._active[block.address] = block
+        self._allocation.up(is_small, 1)
+        self._allocated_bytes.up(is_small, block.size)
+        self._active_count.up(is_small, 1)
+        self._active_bytes.up(is_small, block.size)
+        self._requested_bytes.up(is_small, nbytes)
+        if block.size >= self._max_split_c:
+            self._oversize_allocations.up(1)
+        return block
+
+    def free(self, Block block not None):
+        """Give a block back: see CachingAllocator.free."""
+        self.free_c(block)
+
+    cdef int free_c(self, Block block) except -1:
+        cdef bint ran_python = False
+        cdef bint is_small
+        lock_fastrlock(self._lock, -1, True)
+        try:
+            if self._active.get(block.address) is not block or not block.allocated:
+                raise ValueError(
+                    f"{self.device_name}: block at {block.address:#x} is not allocated by this "
+                    "allocator (freed twice, or from another device)"
+                )
+            is_small = block.pool.is_small
+            if self._observer is not None:
+                ran_python = True
+                self._observer.record(
+                    "free_requested", block.address, block.requested_size, block.stream, block
+                )
+            block.allocated = False
+            self._allocation.down(is_small, 1)
+            self._allocated_bytes.down(is_small, block.size)
+            if block.size >= self._max_split_c:
+                self._oversize_allocations.down(1)
+            if block.stream_uses:
+                ran_python = True
+                self._insert_events(block)
+            else:
+                ran_python = self.free_block(block) or ran_python
+        finally:
+            unlock_fastrlock(self._lock)
+            if ran_python and PENDING.flag:
+                deliver()
+        return 0
+
+    def _free_block(self, Block block not None):
+        self.free_block(block)
+
+    cdef bint free_block(self, Block block) except -1:
+        """Return a block to its pool, merged with free neighbours; True if Python ran."""
+        cdef BlockPool pool = block.pool
+        cdef bint is_small = pool.is_small
+        cdef int64_t original_size = block.size
+        cdef int64_t requested = block.requested_size
+        cdef int64_t split_blocks_change = 0
+        cdef int64_t split_bytes_change = 0
+        cdef int64_t subsumed
+        cdef bint ran_python = False
+        if self._observer is not None:
+            ran_python = True
+            self._observer.record("free_completed", block.address, requested, block.stream, block)
+        del self._active[block.address]
+        subsumed = _merge(block, block.prev, pool)
+        if subsumed:
+            split_blocks_change -= 1
+            split_bytes_change -= subsumed
+        subsumed = _merge(block, block.next, pool)
+        if subsumed:
+            split_blocks_change -= 1
+            split_bytes_change -= subsumed
+        pool.add(block)
+        if not block._expandable:  # inactive_split skips expandable segments
+            if block.prev is not None or block.next is not None:
+                split_blocks_change += 1
+                split_bytes_change += block.size
+            if split_blocks_change > 0:
+                self._inactive_split.up(is_small, split_blocks_change)
+            elif split_blocks_change < 0:
+                self._inactive_split.down(is_small, -split_blocks_change)
+            if split_bytes_change > 0:
+                self._inactive_split_bytes.up(is_small, split_bytes_change)
+            elif split_bytes_change < 0:
+                self._inactive_split_bytes.down(is_small, -split_bytes_change)
+        self._active_count.down(is_small, 1)
+        self._active_bytes.down(is_small, original_size)
+        self._requested_bytes.down(is_small, requested)
+        if pool.pool_id is not _DEFAULT_POOL_ID:
+            ran_python = True
+            self._release_dropped_pool_cache(pool.pool_id)
+        return ran_python
+
+    @staticmethod
+    def _try_merge(Block dst not None, Block src, BlockPool pool not None):
+        return _merge(dst, src, pool)
+
+
+cdef int64_t _merge(Block dst, Block src, BlockPool pool):
+    """memory/_allocator.py ``CachingAllocator._try_merge``: the bytes absorbed, or 0.
+
+    The absorbed ``src`` is unlinked from its old neighbours too, so that a discarded block
+    someone still holds does not keep a chain of later blocks alive.
+    """
+    if (
+        src is None
+        or src.allocated
+        or src.event_count > 0
+        or src.stream_uses
+        or src.mapped != dst.mapped
+    ):
+        return 0
+    cdef int64_t absorbed = src.size
+    cdef Block held = src  # alive until it is unlinked below
+    cdef Block beyond
+    if src.mapped:
+        pool.drop(src)
+    else:
+        pool.drop_unmapped(src)
+    if dst.prev is src:
+        dst.address = src.address
+        beyond = src.prev
+        dst.prev = beyond
+        if beyond is not None:
+            beyond.next = dst
+    else:
+        beyond = src.next
+        dst.next = beyond
+        if beyond is not None:
+            beyond.prev = dst
+    dst.size += absorbed
+    held.prev = None
+    held.next = None
+    return absorbed

@@ -1,0 +1,161 @@
+"""The compiled core and the Python reference are one policy: identical on every trace we have
+and on generated operation sequences (docs/design.md, "Two cores").
+
+Each check runs the same work through ``ReferenceCachingAllocator`` (memory/_allocator.py) and
+the compiled ``CachingAllocator`` (memory/_native.pyx in front of it) on fresh simulated
+devices and compares what a user can see: block addresses and sizes, ``memory_stats()``,
+snapshots, and out-of-memory errors.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import accelrt.replay as replay_module
+from accelrt.backends.sim import SimBackend
+from accelrt.memory import AllocatorConfig, _core
+from accelrt.memory._core import ReferenceCachingAllocator
+from accelrt.trace import load
+
+pytestmark = pytest.mark.skipif(
+    _core.native is None, reason=f"compiled core not in use: {_core.CORE_REASON}"
+)
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACE_FILES = sorted(TRACES.glob("cpu/*.jsonl.gz")) + sorted(
+    TRACES.glob("gpu_snapshots/*.jsonl.gz")
+)
+SETTINGS = [
+    None,  # the trace's recorded settings, else the defaults
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "roundup_power2_divisions:4",
+    "garbage_collection_threshold:0.6,per_process_memory_fraction:0.9",
+]
+
+
+def _replay(cls: type[Any], path: Path, config: str | None) -> dict[str, Any]:
+    """Replay ``path`` on a fresh sim device with allocator class ``cls``."""
+    trace = load(path)
+    original = replay_module.CachingAllocator
+    replay_module.CachingAllocator = cls  # type: ignore[misc]
+    try:
+        last = max(len(trace.events) - 1, 0)
+        report = replay_module.replay(trace, config=config, capture_at=(-1, last // 2, last))
+    finally:
+        replay_module.CachingAllocator = original  # type: ignore[misc]
+    seen = report.to_dict()
+    for timing in ("wall_seconds", "events_per_second"):
+        del seen[timing]
+    seen["memory_stats"] = report.memory_stats
+    seen["segment_maps"] = report.segment_maps
+    return seen
+
+
+@pytest.mark.skipif(not TRACE_FILES, reason=f"no shared traces at {TRACES}")
+@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda p: p.name.split(".")[0][:40])
+def test_every_trace_replays_identically(path: Path) -> None:
+    """All 5 CPU and 40 GPU device traces, under their own settings and four others."""
+    for config in SETTINGS:
+        compiled = _replay(_core.CachingAllocator, path, config)
+        reference = _replay(ReferenceCachingAllocator, path, config)
+        assert compiled == reference, f"{path.name} under {config}"
+
+
+# ---------------------------------------------------------------------- generated sequences
+MiB = 1 << 20
+sizes = st.one_of(
+    st.builds(lambda k, d: k * 512 - d, st.integers(1, 8), st.integers(0, 1)),
+    st.integers(1, 4096),
+    st.integers(1, 2 * MiB),
+    st.integers(1, 40 * MiB),
+    st.sampled_from([512, MiB, MiB + 1, 2 * MiB, 10 * MiB, 20 * MiB, 64 * MiB]),
+)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("malloc"), sizes, st.integers(0, 2)),
+        st.tuples(st.just("free"), st.integers(0, 63), st.just(0)),
+        st.tuples(st.just("free"), st.just(0), st.just(0)),  # the oldest: holes early on
+        st.tuples(st.just("record_stream"), st.integers(0, 63), st.integers(0, 2)),
+        st.tuples(st.just("empty_cache"), st.just(0), st.just(0)),
+    ),
+    max_size=120,
+)
+configs = st.sampled_from(
+    [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:20",
+        "max_split_size_mb:40,max_non_split_rounding_mb:30",
+        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:0.5",
+    ]
+)
+
+
+def _run(cls: type[Any], config: str, ops: list[tuple[str, int, int]]) -> list[Any]:
+    """Apply ``ops`` to a fresh allocator on a 256 MiB sim device; return what was seen."""
+    backend = SimBackend(capacity=256 * MiB)
+    streams = [0, backend.stream_create(0, 0), backend.stream_create(0, 0)]
+    alloc = cls(backend, 0, AllocatorConfig.parse(config))
+    live: list[Any] = []
+    seen: list[Any] = []
+    for op, a, b in ops:
+        if op == "malloc":
+            try:
+                block = alloc.malloc(a, streams[b])
+            except Exception as exc:  # out of memory: compare the whole message
+                seen.append((type(exc).__name__, str(exc)))
+            else:
+                live.append(block)
+                seen.append((block.address, block.size, block.stream))
+        elif live and op == "free":
+            alloc.free(live.pop(a % len(live)))
+        elif live and op == "record_stream":
+            alloc.record_stream(live[a % len(live)], streams[b])
+        elif op == "empty_cache":
+            alloc.empty_cache()
+        seen.append(alloc.memory_stats())
+    seen.append(alloc.snapshot()[0])
+    for block in live:
+        alloc.free(block)
+    alloc.empty_cache()
+    seen.append(alloc.memory_stats())
+    return seen
+
+
+@settings(
+    max_examples=int(os.environ.get("ACCELRT_DIFF_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(config=configs, ops=operations)
+# a free block exactly 512 bytes larger than the request: split at the boundary
+@example(
+    config="", ops=[("malloc", 1536, 0), ("malloc", 1024, 0), ("free", 0, 0), ("malloc", 1024, 0)]
+)
+# an oversize block kept for oversize requests, and merging across a freed neighbour
+@example(
+    config="max_split_size_mb:20",
+    ops=[("malloc", 30 << 20, 0), ("free", 0, 0), ("malloc", 5 << 20, 0), ("malloc", 25 << 20, 0)],
+)
+def test_generated_sequences_identical(config: str, ops: list[tuple[str, int, int]]) -> None:
+    """Addresses, statistics after every step, the final snapshot and OOM messages agree."""
+    assert _run(_core.CachingAllocator, config, ops) == _run(ReferenceCachingAllocator, config, ops)
+
+
+def test_compiled_core_is_selected_and_distinct() -> None:
+    """The default CachingAllocator is the compiled one, built on the reference."""
+    assert _core.CORE == "compiled"
+    assert _core.CachingAllocator is not ReferenceCachingAllocator
+    assert issubclass(_core.CachingAllocator, ReferenceCachingAllocator)
+    backend = SimBackend(capacity=64 * MiB)
+    block = _core.CachingAllocator(backend, 0).malloc(1000, 0)
+    assert type(block).__module__ == "accelrt.memory._native"
+    assert (block.size, block.requested_size) == (1024, 1000)
