@@ -38,9 +38,16 @@ def clean_runtime() -> Iterator[None]:
     _stream.reset_local()
 
 
-@pytest.fixture(params=["sim", "opencl"])
+def _cuda_available() -> bool:
+    from accelrt.backends.cuda import CUDABackend
+
+    return CUDABackend().device_count() > 0  # never raises; 0 without driver or GPU
+
+
+@pytest.fixture(params=["sim", "opencl", *(["cuda"] if _cuda_available() else [])])
 def device(request: pytest.FixtureRequest) -> str:
-    """The name of a backend made the accelerator: ``sim`` always, ``opencl`` when present."""
+    """The name of a backend made the accelerator: ``sim`` always, ``opencl`` when present,
+    ``cuda`` where there is an NVIDIA GPU (only then is it a parameter at all)."""
     name: str = request.param
     if name == "opencl" and not _opencl_available():
         pytest.skip("no OpenCL device (install accelrt[pocl])")

@@ -13,6 +13,8 @@ Device(type='opencl', index=None)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import backends as backends
 from . import memory as memory
 from ._accelerator import current_accelerator as current_accelerator
@@ -37,11 +39,15 @@ from ._units import format_bytes as format_bytes
 from ._units import parse_bytes as parse_bytes
 from .memory import AllocatorConfig as AllocatorConfig
 from .memory import Buffer as Buffer
+from .memory import HostBuffer as HostBuffer
 from .memory import copy_ as copy_
 from .memory import dump_snapshot as dump_snapshot
 from .memory import empty as empty
 from .memory import empty_cache as empty_cache
+from .memory import empty_host as empty_host
+from .memory import empty_host_cache as empty_host_cache
 from .memory import get_memory_info as get_memory_info
+from .memory import host_memory_stats as host_memory_stats
 from .memory import max_memory_allocated as max_memory_allocated
 from .memory import max_memory_reserved as max_memory_reserved
 from .memory import memory_allocated as memory_allocated
@@ -51,12 +57,27 @@ from .memory import memory_stats as memory_stats
 from .memory import memory_summary as memory_summary
 from .memory import record_memory_history as record_memory_history
 from .memory import record_stream as record_stream
+from .memory import reset_accumulated_host_memory_stats as reset_accumulated_host_memory_stats
 from .memory import reset_accumulated_memory_stats as reset_accumulated_memory_stats
+from .memory import reset_peak_host_memory_stats as reset_peak_host_memory_stats
 from .memory import reset_peak_memory_stats as reset_peak_memory_stats
 from .memory import set_allocator_settings as set_allocator_settings
 from .memory import set_per_process_memory_fraction as set_per_process_memory_fraction
 
+if TYPE_CHECKING:
+    from ._sweep import sweep as sweep
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``accelrt.sweep``, imported on first use (importing accelrt never imports Dask)."""
+    if name == "sweep":
+        from ._sweep import sweep
+
+        return sweep
+    raise AttributeError(f"module 'accelrt' has no attribute {name!r}")
+
 
 __all__ = [
     "AcceleratorError",
@@ -65,6 +86,7 @@ __all__ = [
     "Device",
     "DeviceProperties",
     "Event",
+    "HostBuffer",
     "OutOfMemoryError",
     "Stream",
     "backends",
@@ -77,11 +99,14 @@ __all__ = [
     "dump_snapshot",
     "empty",
     "empty_cache",
+    "empty_host",
+    "empty_host_cache",
     "format_bytes",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
     "get_memory_info",
+    "host_memory_stats",
     "is_available",
     "max_memory_allocated",
     "max_memory_reserved",
@@ -94,11 +119,14 @@ __all__ = [
     "parse_bytes",
     "record_memory_history",
     "record_stream",
+    "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "set_allocator_settings",
     "set_device_index",
     "set_per_process_memory_fraction",
     "set_stream",
+    "sweep",
     "synchronize",
 ]

@@ -141,6 +141,10 @@ class DeviceProperties:
         Whether device pointers are host addresses (``Buffer.numpy()`` works).
     raw : Mapping
         The backend's own attributes, unconverted (a read-only view).
+    pinned_host_memory : bool
+        Whether ``accelrt.empty_host`` gives the driver's pinned (page-locked or
+        device-mapped) host memory for this device; False where the backend has no pinning
+        and falls back to ordinary host memory.
 
     Notes
     -----
@@ -157,6 +161,7 @@ class DeviceProperties:
     driver_version: str
     host_accessible: bool
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    pinned_host_memory: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "raw", MappingProxyType(dict(self.raw)))

@@ -1,9 +1,10 @@
 """Runtime state: which backend is the accelerator, and the current device.
 
 The accelerator is chosen once per process, lazily: ``ACCELRT_BACKEND`` if set, else
-auto-detection (an OpenCL GPU, else the OpenCL CPU device); ``accelrt.backends.use(name)``
-switches it explicitly (the simulated backend is only ever chosen that way). The current device
-is per thread. The allocators live in ``accelrt.memory`` (one per device).
+auto-detection (a CUDA GPU through the driver, else OpenCL: a GPU, else the CPU device);
+``accelrt.backends.use(name)`` switches it explicitly (the simulated backend is only ever
+chosen that way). The current device is per thread. The allocators live in
+``accelrt.memory`` (one per device).
 
 Every device argument of the top-level API goes through :func:`resolve_device`, the one
 normaliser (mirrors ``torch.accelerator._utils._get_device_index``).
@@ -35,13 +36,23 @@ __all__ = [
 ]
 
 ENV_BACKEND = "ACCELRT_BACKEND"
-AUTO_ORDER = ("opencl",)
+AUTO_ORDER = ("cuda", "opencl")
 NO_ACCELERATOR = "Cannot access accelerator device when none is available."
 
 _lock = threading.RLock()
 _chosen: list[Backend | None] = []  # empty until chosen; [None] when there is no accelerator
 _reset_hooks: list[Callable[[], None]] = []
-_local = threading.local()
+
+
+class _ThreadState(threading.local):
+    """This thread's current device of each backend. The class default stands for "none set",
+    so reading it never raises and swallows an AttributeError (as ``getattr`` with a default
+    does on a ``threading.local``)."""
+
+    indices: dict[str, int] | None = None
+
+
+_local = _ThreadState()
 _initialised: dict[str, int] = {}  # backend name -> pid of the process that initialised it
 _inherited: dict[str, int] = {}  # in a forked child: what the parent had initialised
 
@@ -166,7 +177,7 @@ def device_count() -> int:
 
 def current_index(backend: Backend) -> int:
     """Return this thread's current device index for ``backend`` (0 until set)."""
-    indices: dict[str, int] | None = getattr(_local, "indices", None)
+    indices = _local.indices
     if indices is None:
         return 0
     return indices.get(backend.name, 0)
@@ -174,7 +185,7 @@ def current_index(backend: Backend) -> int:
 
 def set_current_index(backend: Backend, index: int) -> None:
     """Set this thread's current device of ``backend`` (index already range-checked)."""
-    indices: dict[str, int] | None = getattr(_local, "indices", None)
+    indices = _local.indices
     if indices is None:
         indices = _local.indices = {}
     indices[backend.name] = index
@@ -224,6 +235,22 @@ def resolve_device(
         If the string is malformed, the type is not the current accelerator's, an index is
         required but missing, or the index is out of range.
     """
+    if (device is None and optional) or type(device) is int:
+        # The common cases (every stream, event and copy call), by the rules of the general
+        # path below with fewer calls: the device is counted once.
+        backend = _chosen[0] if _chosen else accelerator()
+        if backend is None or (count := backend.device_count()) == 0:
+            raise RuntimeError(NO_ACCELERATOR)
+        if backend.name not in _initialised:
+            check_not_forked(backend)
+            if init:
+                _initialised[backend.name] = os.getpid()
+        if device is None:
+            indices = _local.indices
+            return backend, 0 if indices is None else indices.get(backend.name, 0)
+        if not 0 <= device < count:
+            raise ValueError(f"device index {device} is out of range [0, {count})")
+        return backend, device
     if isinstance(device, bool) or not isinstance(device, (int, str, Device, type(None))):
         raise TypeError(
             f"device must be an int index, a string like 'opencl:0', a Device or None; "

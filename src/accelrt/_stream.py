@@ -17,7 +17,17 @@ from .backends._base import Backend
 
 __all__ = ["Event", "Stream", "current_stream", "set_stream"]
 
-_local = threading.local()
+
+class _ThreadState(threading.local):
+    """This thread's ``with stream:`` stack and current stream of each device. The class
+    defaults stand for "none yet", so reading them never raises and swallows an AttributeError
+    (as ``getattr`` with a default does on a ``threading.local``)."""
+
+    stack: list[tuple[int, Stream]] | None = None
+    streams: dict[tuple[str, int], Stream] | None = None
+
+
+_local = _ThreadState()
 
 
 class Stream:
@@ -181,7 +191,7 @@ class Stream:
         return event
 
     def __enter__(self) -> Stream:
-        stack: list[tuple[int, Stream]] | None = getattr(_local, "stack", None)
+        stack = _local.stack
         if stack is None:
             stack = _local.stack = []
         stack.append((_runtime.current_index(self._backend), _current(self._backend, self._index)))
@@ -195,7 +205,7 @@ class Stream:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        previous_index, previous_stream = _local.stack.pop()
+        previous_index, previous_stream = _local.stack.pop()  # type: ignore[union-attr]
         _set_current(previous_stream)
         _runtime.set_current_index(self._backend, previous_index)
 
@@ -271,10 +281,13 @@ class Event:
             stream = current_stream()
         elif not isinstance(stream, Stream):
             raise TypeError(f"Event.record() takes a Stream, got {type(stream).__name__}")
-        if self._backend is None:
+        backend = self._backend
+        if backend is None:
             self._backend, self._index = stream._backend, stream._index
             self._handle = stream._backend.event_create(stream._index, self._enable_timing)
-        elif (self._backend.name, self._index) != (stream._backend.name, stream._index):
+        elif (backend is not stream._backend or self._index != stream._index) and (
+            (backend.name, self._index) != (stream._backend.name, stream._index)
+        ):  # the tuples only when the quick identity test fails
             raise ValueError(
                 f"event was recorded on {self.device} and cannot be recorded on a stream of "
                 f"{stream.device}; create a new Event"
@@ -332,7 +345,7 @@ class Event:
 
 
 def _current(backend: Backend, index: int) -> Stream:
-    streams: dict[tuple[str, int], Stream] | None = getattr(_local, "streams", None)
+    streams = _local.streams
     stream = streams.get((backend.name, index)) if streams is not None else None
     if stream is None:
         stream = Stream._wrap(backend, index, 0)
@@ -341,7 +354,7 @@ def _current(backend: Backend, index: int) -> Stream:
 
 
 def _set_current(stream: Stream) -> None:
-    streams: dict[tuple[str, int], Stream] | None = getattr(_local, "streams", None)
+    streams = _local.streams
     if streams is None:
         streams = _local.streams = {}
     streams[(stream._backend.name, stream._index)] = stream
@@ -367,7 +380,9 @@ def current_stream(device: DeviceLike = None) -> Stream:
     Mirrors ``torch.accelerator.current_stream``.
     """
     backend, index = _runtime.resolve_device(device)
-    return _current(backend, index)
+    streams = _local.streams
+    stream = streams.get((backend.name, index)) if streams is not None else None
+    return stream if stream is not None else _current(backend, index)
 
 
 def set_stream(stream: Stream) -> None:

@@ -1,4 +1,4 @@
-"""The ``accelrt`` command: ``info``, ``replay`` and ``snapshot summary|segments|view``.
+"""The ``accelrt`` command: ``info``, ``replay``, ``snapshot summary|segments|view``, ``sweep``.
 
 Every error in the input (a missing or malformed file, a bad option) is one line on stderr and
 exit status 2; an interrupt (Ctrl-C) is one line and exit status 130.
@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -170,11 +171,16 @@ def _write_text(path: str, text: str) -> None:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _write_png(view: Any, path: str) -> None:
-    from .view import render_png
+def _write_png(view: Any, path: str, render: Callable[[Any, str], None] | None = None) -> None:
+    draw: Callable[[Any, str], None]
+    if render is None:
+        from .view import render_png
 
+        draw = render_png
+    else:
+        draw = render
     try:
-        render_png(view, path)
+        draw(view, path)
     except ImportError:
         raise CliError(f"writing {path} needs matplotlib: pip install 'accelrt[view]'") from None
     except OSError as exc:
@@ -206,6 +212,7 @@ def _check_png(path: str | None) -> None:
 def _info_data() -> dict[str, Any]:
     from . import _runtime
     from .backends import available_backends, get_backend, registered_backends
+    from .memory import _core
 
     accelerator = None
     try:
@@ -217,8 +224,18 @@ def _info_data() -> dict[str, Any]:
         "accelerator": accelerator,
         "registered_backends": registered_backends(),
         "available_backends": available_backends(),
+        "unavailable_backends": {},  # name -> why it has no device, where the backend says
+        "allocator_core": {"core": _core.CORE, "reason": _core.CORE_REASON},
         "devices": [],
     }
+    for name in data["registered_backends"]:
+        if name not in data["available_backends"]:
+            try:
+                reason = getattr(get_backend(name), "unavailable_reason", lambda: None)()
+            except (ImportError, TypeError, ValueError) as exc:
+                reason = f"cannot be loaded: {exc}"
+            if reason:
+                data["unavailable_backends"][name] = str(reason)
     for name in data["available_backends"]:
         if name == "sim" and accelerator != "sim":
             continue  # the simulated device is listed only when chosen
@@ -256,6 +273,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
         f"backends: {', '.join(data['registered_backends'])} "
         f"(available: {', '.join(data['available_backends']) or 'none'})"
     )
+    for name, reason in data["unavailable_backends"].items():
+        console.print(f"{name}: unavailable: {reason}", markup=False, highlight=False)
+    core = data["allocator_core"]
+    console.print(f"allocator core: {core['core']} ({core['reason']})", markup=False)
     for dev in data["devices"]:
         table = Table(title=dev["device"], show_header=False)
         table.add_column("property", style="bold")
@@ -370,18 +391,36 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot_history(path: str, trace: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """A snapshot trace's recorded entries and end segments (stacks, times, OOMs)."""
+    if getattr(trace, "recording", None) is None:
+        return None, []
+    from .trace._snapshot_schema import read_snapshot
+
+    snapshot = read_snapshot(path)
+    device = trace.recording.device
+    segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
+    return (snapshot.get("device_traces") or [])[device], segments
+
+
 def _write_pictures(args: argparse.Namespace, trace: Any, report: Any) -> None:
     from .view import render_html, view_of_trace
 
-    view = view_of_trace(trace, report)
+    entries, segments = _malformed_snapshot_guard(
+        args.trace if trace.recording is not None else None, _snapshot_history, args.trace, trace
+    )
+    view = view_of_trace(trace, report, entries=entries, end_segments=segments)
     if args.html:
         _write_text(args.html, render_html(view))
+        print(f"wrote {args.html}", file=sys.stderr)
     if args.png:
         _write_png(view, args.png)
+        print(f"wrote {args.png}", file=sys.stderr)
 
 
 def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     first = reports[0]
@@ -404,7 +443,7 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
     table = Table()
     table.add_column("", style="bold")
     for r in reports:
-        table.add_column(r.config, justify="right", overflow="fold")
+        table.add_column(escape(r.config), justify="right", overflow="fold")
     rows: list[tuple[str, Any]] = [
         ("peak requested", lambda r: format_bytes(r.peak_requested_bytes)),
         ("peak allocated", lambda r: format_bytes(r.peak_allocated_bytes)),
@@ -423,9 +462,10 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
     for r in reports:
         match = "equals" if r.peak_requested_bytes == r.trace_peak_live_bytes else "differs from"
         console.print(
-            f"[{r.config}] peak requested {r.peak_requested_bytes} bytes {match} the trace's "
-            f"peak live {r.trace_peak_live_bytes} bytes; peak reserved {r.peak_reserved_bytes} "
-            "bytes"
+            f"{escape('[' + r.config + ']')} peak requested {r.peak_requested_bytes} bytes "
+            f"{match} the trace's peak live {r.trace_peak_live_bytes} bytes; peak reserved "
+            f"{r.peak_reserved_bytes} bytes",
+            soft_wrap=True,  # one line in a pipe or a CI log: never broken mid-sentence
         )
         for oom in r.ooms[:5]:
             console.print(
@@ -446,13 +486,175 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
             console.print(f"  note: {note}")
 
 
+def _sweep_config_arg(text: str) -> str:
+    """``--config`` of ``accelrt sweep``: as ``replay``'s, and ``defaults`` names the defaults."""
+    return "" if text.strip() == "defaults" else _config_arg(text)
+
+
+def _grid_arg(text: str) -> tuple[str, list[str]]:
+    from ._sweep import parse_grid
+
+    try:
+        return parse_grid(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _workers_arg(text: str) -> int:
+    value = text.strip()
+    if not _INDEX_RE.fullmatch(value) or len(value) > 6 or int(value) < 1:
+        raise argparse.ArgumentTypeError(
+            f"the number of workers must be a whole number >= 1, got {_shown(text)}"
+        )
+    return int(value)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("dask") is None:
+        raise CliError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'")
+    if args.parquet and importlib.util.find_spec("pyarrow") is None:
+        raise CliError(f"--parquet {args.parquet} needs pyarrow: pip install pyarrow")
+    for output in (args.csv, args.parquet, args.png):
+        for trace in args.trace:
+            if os.path.exists(trace):
+                _not_the_input(output, trace)
+    _check_png(args.png)
+    from rich.console import Console
+
+    from ._sweep import dumps_json, print_results, render_png, sweep, write_csv, write_parquet
+
+    show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
+    with contextlib.ExitStack() as stack:
+        progress: Callable[[int, int], None] | None = None
+        if show_progress:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            bar = stack.enter_context(
+                Progress(
+                    TextColumn("combinations"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TextColumn("left"),
+                    TimeRemainingColumn(),
+                    console=Console(stderr=True),
+                    transient=True,
+                )
+            )
+            task = bar.add_task("sweep", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+        results = sweep(
+            args.trace,
+            args.config or [],
+            grid=args.grid or [],
+            capacities=args.capacity or None,
+            find_capacity=args.find_capacity,
+            scheduler=args.scheduler,
+            num_workers=args.workers,
+            include_host=args.include_host,
+            device_index=args.device_index,
+            progress=progress,
+        )
+    if args.csv:
+        write_csv(results, args.csv)
+    if args.parquet:
+        write_parquet(results, args.parquet)
+    if args.png:
+        _write_png(results, args.png, render_png)
+    if args.json:
+        print(dumps_json(results))
+    else:  # wide enough for the tables when written to a file or a pipe
+        print_results(results, Console() if sys.stdout.isatty() else Console(width=140))
+    return 1 if any(r.error for r in results) else 0
+
+
+def _add_sweep_parser(sub: Any) -> None:
+    swp = sub.add_parser(
+        "sweep",
+        help="replay traces under many settings and capacities, in parallel (Dask)",
+        description="Replay every (trace, setting, capacity) combination on the simulated "
+        "device, in parallel on Dask, and rank the settings. Exit status 1 when a trace failed "
+        "(its rows say why). See docs/sweep.md.",
+    )
+    swp.add_argument(
+        "trace", nargs="+", help="accelrt traces or snapshot pickles: paths or fsspec URLs"
+    )
+    swp.add_argument(
+        "--config",
+        action="append",
+        type=_sweep_config_arg,
+        help="a setting in ACCELRT_ALLOC_CONF syntax ('defaults': the defaults); repeat",
+    )
+    swp.add_argument(
+        "--grid",
+        action="append",
+        type=_grid_arg,
+        metavar="KEY=V1,V2",
+        help="also try every combination of these values, e.g. max_split_size_mb=128,256; repeat",
+    )
+    swp.add_argument(
+        "--capacity",
+        action="append",
+        type=_capacity_arg,
+        help="simulated device memory, e.g. 80GiB (default: each trace's); repeat",
+    )
+    swp.add_argument(
+        "--find-capacity",
+        action="store_true",
+        help="bisect for the smallest capacity (to 2 MiB) each setting runs in without an OOM",
+    )
+    swp.add_argument(
+        "--scheduler",
+        default="processes",
+        help="processes (default: every core), threads, synchronous, or tcp://HOST:PORT of a "
+        "dask.distributed scheduler",
+    )
+    swp.add_argument(
+        "--workers", type=_workers_arg, help="local processes or threads (default: every core)"
+    )
+    swp.add_argument(
+        "--include-host", action="store_true", help="also replay events tagged host (CPU-only)"
+    )
+    swp.add_argument(
+        "--device-index", type=_index_arg, help="snapshots: the recorded device to replay"
+    )
+    out = swp.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--csv", type=_output_arg("--csv"), help="also write the results as CSV")
+    out.add_argument(
+        "--parquet", type=_output_arg("--parquet"), help="also write the results as Parquet"
+    )
+    swp.add_argument(
+        "--png", type=_output_arg("--png"), help="also draw peak reserved per setting and trace"
+    )
+    swp.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    swp.set_defaults(func=_cmd_sweep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``accelrt`` command."""
     parser = _Parser(
         prog="accelrt",
         description="accelrt: a device-agnostic accelerator runtime with a caching allocator.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,replay,snapshot}")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"accelrt {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{info,replay,snapshot,sweep}"
+    )
     info = sub.add_parser("info", help="show backends, devices, properties and memory")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(func=_cmd_info)
@@ -500,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     snap = sub.add_parser("snapshot", help="look into a memory snapshot pickle (PyTorch's or ours)")
     snap_sub = snap.add_subparsers(
-        dest="snapshot_command", required=True, metavar="{summary,segments,view}"
+        dest="snapshot_command", required=True, metavar="{summary,segments,view,diff}"
     )
     for name, func, text in (
         ("summary", _cmd_snapshot_summary, "the memory_summary table of the recorded run"),
@@ -522,6 +724,26 @@ def build_parser() -> argparse.ArgumentParser:
                 "--png", type=_output_arg("--png"), help="also write a PNG (matplotlib)"
             )
         cmd.set_defaults(func=func)
+    diff = snap_sub.add_parser(
+        "diff", help="compare two runs: peaks, and live bytes per stack frame at each peak"
+    )
+    diff.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="two snapshots or traces (A B), or one replayed under two --config settings",
+    )
+    diff.add_argument(
+        "--config",
+        action="append",
+        type=_config_arg,
+        help="allocator settings for A, then for B (default: each run's recorded settings)",
+    )
+    diff.add_argument(
+        "--device-index", type=_index_arg, help="snapshots: the recorded device (default: 0)"
+    )
+    diff.set_defaults(func=_cmd_snapshot_diff)
+    _add_sweep_parser(sub)
     return parser
 
 
@@ -602,7 +824,7 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
     trace = _malformed_snapshot_guard(
         args.file, trace_from_snapshot, snapshot, device=args.device_index, path=args.file
     )
-    report = _malformed_snapshot_guard(args.file, replay, trace)
+    report = _malformed_snapshot_guard(args.file, replay, trace, capture_at=[len(trace.events) - 1])
     device = trace.recording.device if trace.recording is not None else 0
     name = f"{trace.name} (recorded device {device})"
     print(format_summary(report.memory_stats, name), end="")
@@ -611,6 +833,60 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
         f"recorded a peak reserved of {report.recorded_peak_reserved_bytes} bytes "
         f"(replay: {report.peak_reserved_bytes})."
     )
+    print()
+    print(_malformed_snapshot_guard(args.file, _forensics, args.file, trace, report), end="")
+    return 0
+
+
+def _forensics(path: str, trace: Any, report: Any) -> str:
+    from .view import forensics_text, view_of_trace
+
+    entries, segments = _snapshot_history(path, trace)
+    view = view_of_trace(trace, report, entries=entries, end_segments=segments)
+    return forensics_text(view, width=max(60, min(160, shutil.get_terminal_size().columns)))
+
+
+def _diff_run(path: str, config: str | None, device_index: int | None) -> tuple[str, Any, Any]:
+    from .replay import replay
+    from .trace import load
+    from .trace._format import sniff
+    from .view import view_of_trace
+
+    _input_file(path, "a snapshot pickle or an accelrt trace (.jsonl.gz)")
+    snapshot = path if sniff(path) == "pickle" else None
+    trace = _malformed_snapshot_guard(
+        snapshot, load, path, device_index=device_index if snapshot else None
+    )
+    report = _malformed_snapshot_guard(
+        snapshot, replay, trace, config=config, capture_at=[len(trace.events) - 1]
+    )
+    entries, segments = _malformed_snapshot_guard(snapshot, _snapshot_history, path, trace)
+    view = view_of_trace(trace, report, entries=entries, end_segments=segments)
+    return os.path.basename(path), view, report
+
+
+def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
+    from .view import diff_text
+
+    files: list[str] = args.files
+    configs: list[str | None] = list(args.config or [])
+    if len(files) > 2:
+        raise CliError(f"snapshot diff compares two runs, got {len(files)} files; give A B")
+    if len(files) == 1:
+        if len(configs) != 2:
+            raise CliError(
+                "snapshot diff with one file compares it under two settings: give --config "
+                "twice (e.g. --config '' --config expandable_segments:True), or give two files"
+            )
+        files = [files[0], files[0]]
+    if len(configs) > 2:
+        raise CliError(f"--config given {len(configs)} times; give it once for A and once for B")
+    while len(configs) < 2:
+        configs.append(configs[0] if configs else None)
+    a = _diff_run(files[0], configs[0], args.device_index)
+    b = _diff_run(files[1], configs[1], args.device_index)
+    width = max(60, min(160, shutil.get_terminal_size().columns))
+    print(diff_text(a, b, width=width), end="")
     return 0
 
 
@@ -643,7 +919,10 @@ def _cmd_snapshot_view(args: argparse.Namespace) -> int:
     _write_text(args.output, page)
     if args.png:
         _write_png(view, args.png)
-    print(f"wrote {args.output}" + (f" and {args.png}" if args.png else ""))
+    print(
+        f"wrote {args.output} ({len(page.encode()) / 1e6:.1f} MB)"
+        + (f" and {args.png}" if args.png else "")
+    )
     return 0
 
 

@@ -8,27 +8,38 @@ a real device (``opencl:0``) every segment is really allocated.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ._device import Device
 from ._errors import OutOfMemoryError
 from .backends._base import Backend, get_backend
 from .backends.sim import SimBackend
-from .memory._allocator import CachingAllocator
 from .memory._block import Block
 from .memory._config import AllocatorConfig
+from .memory._core import CachingAllocator
 from .memory._history import SegmentInfo
 from .memory._policy import MAX_REQUEST_BYTES
+from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from .trace._format import Trace
 
 __all__ = ["OomRecord", "ReplayReport", "replay"]
 
 ProgressCallback = Callable[[int, int], None]
 _PROGRESS_EVERY = 4096
+_CHUNK = 1 << 16
+"""Events turned into Python lists at a time by the replay loop."""
+_SKIP = 3
+"""Work code of a zero-byte alloc: PyTorch hands out nothing for it."""
+_TOO_BIG = 4
+"""Work code of an alloc beyond ``MAX_REQUEST_BYTES``: an OOM without asking the allocator."""
 UNLIMITED_CAPACITY = 1 << 50
 """Simulated capacity for a recording that shows no limit (1 PiB: it never runs out)."""
 
@@ -237,10 +248,7 @@ def replay(
 
     blocks: dict[int, Block] = {}
     ooms: list[OomRecord] = []
-    events = trace.events
-    total = len(events)
-    malloc = allocator.malloc
-    free = allocator.free
+    total = len(trace.events)
     try:
         if recording is not None:
             for segment in recording.start_segments:
@@ -267,27 +275,9 @@ def replay(
         if -1 in captures:
             segment_maps[-1] = allocator.snapshot()[0]
         start = time.perf_counter()
-        for i, (action, addr, size, stream) in enumerate(events):
-            if progress is not None and i % _PROGRESS_EVERY == 0:
-                progress(i, total)
-            if action == "alloc":
-                if size == 0:
-                    continue
-                if size > MAX_REQUEST_BYTES:  # no device has that much: an OOM, as on a GPU
-                    ooms.append(OomRecord(i, size, stream, allocator.reserved_bytes))
-                    continue
-                try:
-                    blocks[addr] = malloc(size, handle_of(stream))
-                except OutOfMemoryError:
-                    ooms.append(OomRecord(i, size, stream, allocator.reserved_bytes))
-            elif action == "free":
-                block = blocks.pop(addr, None)
-                if block is not None:
-                    free(block)
-            else:
-                allocator.empty_cache()
-            if i in captures:
-                segment_maps[i] = allocator.snapshot()[0]
+        _run_events(
+            trace.events, allocator, blocks, handle_of, ooms, progress, captures, segment_maps
+        )
         wall = time.perf_counter() - start
         if progress is not None:
             progress(total, total)
@@ -334,3 +324,148 @@ def replay(
         memory_stats=stats,
         segment_maps=segment_maps,
     )
+
+
+def _run_events(
+    events: TraceEvents,
+    allocator: CachingAllocator,
+    blocks: dict[int, Block],
+    handle_of: Callable[[int], int],
+    ooms: list[OomRecord],
+    progress: ProgressCallback | None,
+    captures: frozenset[int],
+    segment_maps: dict[int, list[SegmentInfo]],
+) -> None:
+    """Run the events through ``allocator``: the replay loop.
+
+    The columns are turned into Python lists a chunk at a time and walked with ``zip``; an
+    event costs a dict operation and the allocator call, no object of its own. Zero-byte and
+    oversized allocs get their own work codes beforehand. Chunks end where a progress report
+    or a capture is due, so the loop never tests an index; the index of the rare event that
+    runs out of memory is read back from the list iterator's remaining length.
+    """
+    total = len(events)
+    codes = events.op.copy()
+    allocs = codes == OP_ALLOC
+    codes[allocs & (events.size == 0)] = _SKIP
+    codes[allocs & (events.size > MAX_REQUEST_BYTES)] = _TOO_BIG
+    del allocs
+    # streams in the order the trace first allocates on them, as a lazy lookup would make them
+    used, first_use = np.unique(events.stream[codes == OP_ALLOC], return_index=True)
+    for stream in used[np.argsort(first_use)].tolist():
+        handle_of(stream)
+    handles = [handle_of(stream) for stream in used.tolist()]
+    handle_column = None  # where every malloc has the same stream
+    if len(used) > 1:
+        lookup = np.array(handles, dtype=np.int64)
+        handle_column = lookup[np.searchsorted(used, events.stream).clip(max=len(used) - 1)]
+    only_handle = handles[0] if handles else 0
+    del used, first_use
+    # A capture after an event the loop skips (a zero-byte or oversized alloc) is not taken.
+    taken = sorted(i for i in captures if 0 <= i < total and codes[i] not in (_SKIP, _TOO_BIG))
+    step = _PROGRESS_EVERY if progress is not None else _CHUNK
+    bounds = sorted({*range(0, total, step), *(i + 1 for i in taken), total})
+    taken_set = frozenset(taken)
+    run = getattr(allocator, "run_events", None)  # the compiled core's loop, where it runs
+    if run is None:
+        run = functools.partial(_run_chunk, allocator)
+    for lo, hi in itertools.pairwise(bounds):
+        if progress is not None and lo % _PROGRESS_EVERY == 0:
+            progress(lo, total)
+        i = lo
+        while i < hi:
+            i = run(codes, events.addr, events.size, handle_column, only_handle, blocks, i, hi)
+            if i < hi:  # ran out of memory (or no device has that much): record, go on
+                size = int(events.size[i])
+                ooms.append(OomRecord(i, size, int(events.stream[i]), allocator.reserved_bytes))
+                i += 1
+        if hi - 1 in taken_set:
+            segment_maps[hi - 1] = allocator.snapshot()[0]
+
+
+def _run_chunk(
+    allocator: CachingAllocator,
+    codes: np.ndarray[Any, np.dtype[np.int8]],
+    addrs: np.ndarray[Any, np.dtype[np.int64]],
+    sizes: np.ndarray[Any, np.dtype[np.int64]],
+    handles: np.ndarray[Any, np.dtype[np.int64]] | None,
+    handle: int,
+    blocks: dict[int, Block],
+    start: int,
+    stop: int,
+) -> int:
+    """Run events ``start`` to ``stop - 1``; return ``stop``, or the index of the first alloc
+    that ran out of memory or is too large for any device (the caller records it).
+
+    The Python form of the compiled core's ``run_events`` (memory/_native.pyx), with the same
+    contract: the columns become Python lists for the span and are walked with ``zip``, an
+    event costing a dict operation and the allocator call, no object of its own.
+    """
+    malloc = allocator.malloc
+    free = allocator.free
+    pop = blocks.pop
+    handles_it: Iterable[int] = (
+        itertools.repeat(handle) if handles is None else handles[start:stop].tolist()
+    )
+    rows = zip(
+        itertools.count(start),
+        codes[start:stop].tolist(),
+        addrs[start:stop].tolist(),
+        sizes[start:stop].tolist(),
+        handles_it,
+        strict=False,
+    )
+    for i, code, addr, size, on_stream in rows:
+        if code == OP_ALLOC:
+            try:
+                blocks[addr] = malloc(size, on_stream)
+            except OutOfMemoryError:
+                return i
+        elif code == OP_FREE:
+            block = pop(addr, None)
+            if block is not None:
+                free(block)
+        elif code == OP_EMPTY_CACHE:
+            allocator.empty_cache()
+        elif code == _TOO_BIG:
+            return i
+    return stop
+
+
+def _run_events_reference(
+    events: TraceEvents,
+    allocator: CachingAllocator,
+    blocks: dict[int, Block],
+    handle_of: Callable[[int], int],
+    ooms: list[OomRecord],
+    progress: ProgressCallback | None,
+    captures: frozenset[int],
+    segment_maps: dict[int, list[SegmentInfo]],
+) -> None:
+    """The replay loop as first written, an object per event: the spec of :func:`_run_events`.
+
+    Same arguments and effects; the differential test (tests/test_trace_columns.py) and
+    ``bench/replay_speed.py`` run it in the fast loop's place.
+    """
+    total = len(events)
+    for i, (action, addr, size, stream) in enumerate(events):
+        if progress is not None and i % _PROGRESS_EVERY == 0:
+            progress(i, total)
+        if action == "alloc":
+            if size == 0:
+                continue
+            if size > MAX_REQUEST_BYTES:  # no device has that much: an OOM, as on a GPU
+                ooms.append(OomRecord(i, size, stream, allocator.reserved_bytes))
+                continue
+            try:
+                blocks[addr] = allocator.malloc(size, handle_of(stream))
+            except OutOfMemoryError:
+                ooms.append(OomRecord(i, size, stream, allocator.reserved_bytes))
+        elif action == "free":
+            block = blocks.pop(addr, None)
+            if block is not None:
+                allocator.free(block)
+        else:
+            allocator.empty_cache()
+        if i in captures:
+            segment_maps[i] = allocator.snapshot()[0]

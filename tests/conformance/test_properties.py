@@ -36,6 +36,8 @@ def test_raw_attributes(device: str) -> None:
     raw = acc.get_device_properties().raw
     if device == "sim":
         assert raw["physical_index"] == 0 and raw["base_address"] == 0x7F0000000000
+    elif device == "cuda":
+        assert raw["compute_capability"] == f"{raw['major']}.{raw['minor']}"
     else:
         assert raw["version"].startswith("OpenCL") and raw["max_work_group_size"] >= 1
 

@@ -54,6 +54,7 @@ def dtypes(names: Iterable[str]) -> frozenset[np.dtype[Any]]:
 
 
 _BUILTIN: dict[str, str] = {
+    "cuda": "accelrt.backends.cuda:CUDABackend",
     "opencl": "accelrt.backends.opencl:OpenCLBackend",
     "sim": "accelrt.backends.sim:SimBackend",
 }
@@ -175,6 +176,21 @@ class Backend(Protocol):
 
     def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview | None:
         """Return a writable host view of device memory, or None if it is not host-accessible."""
+
+    def host_memory_pinned(self, index: int) -> bool:
+        """Return True if ``host_alloc`` memory is the driver's own host memory for the device
+        (page-locked or device-mapped, as ``cudaHostAlloc`` gives), False if it is ordinary
+        pageable host memory (a backend without pinning falls back to that)."""
+
+    def host_alloc(self, index: int, nbytes: int) -> int:
+        """Allocate ``nbytes`` (>= 1) of host memory for copies with device ``index``.
+
+        Returns its host address, readable and writable by the process until ``host_free``.
+        Raises ``BackendOutOfMemory`` when the host (or the driver) has no memory for it.
+        """
+
+    def host_free(self, index: int, ptr: int) -> None:
+        """Release memory from ``host_alloc``; no queued work may still use it."""
 
     def synchronize(self, index: int) -> None:
         """Block until all work on every stream of the device has completed."""

@@ -8,7 +8,9 @@ Mapping of the runtime's concepts onto OpenCL:
   queue;
 - an event is a marker enqueued on the queue; waiting on an event from another queue is a
   barrier with a wait list;
-- copies and fills are SVM memcpy and memfill.
+- copies and fills are SVM memcpy and memfill;
+- pinned host memory (``accelrt.empty_host``) is a ``CL_MEM_ALLOC_HOST_PTR`` buffer mapped
+  once for its host address (page-locked by GPU drivers; ordinary memory on PoCL's CPU device).
 
 PoCL 3.0 (the pip ``pocl-binary-distribution``) corrupts memory when an SVM allocation is bound
 to a queue or when its free is enqueued, so neither is ever done: raw SVM is released with
@@ -23,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +54,58 @@ def _host_array(ptr: int, nbytes: int) -> Any:
     return np.frombuffer(memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B"), np.uint8)
 
 
+# CL_COMPLETE; a command's execution status is positive while it is queued, submitted or
+# running, and negative (an error code) if it terminated abnormally
+_CL_COMPLETE = 0
+
+# the largest number of cached cl.SVM wrappers of device memory per device (see _svm)
+_SVM_CACHE_SIZE = 4096
+
+
+def _svm(state: _CLDevice, ptr: int, nbytes: int) -> Any:
+    """Return a ``cl.SVM`` over ``nbytes`` of device memory at ``ptr``, cached per range.
+
+    Building one costs a ctypes array, a memoryview and a numpy view; a program copies the
+    same buffers again and again, so the wrapper is kept until its memory is freed (the cache
+    is emptied by ``free``, and when it is full).
+    """
+    key = (ptr, nbytes)
+    svm = state.svm.get(key)
+    if svm is None:
+        if len(state.svm) >= _SVM_CACHE_SIZE:
+            state.svm.clear()
+        svm = state.svm[key] = state.cl.SVM(_host_array(ptr, nbytes))
+    return svm
+
+
+def _drop_completed(keep: deque[tuple[Any, Any]]) -> None:
+    """Forget the host objects of copies at the head of ``keep`` that have finished.
+
+    Safe against another thread trimming the same queue's entries at the same time.
+    """
+    while keep:
+        entry = keep[0]
+        if entry[0].command_execution_status > _CL_COMPLETE:  # not finished yet
+            return
+        try:
+            taken = keep.popleft()
+        except IndexError:  # another thread emptied it
+            return
+        if taken is not entry:  # another thread took ours first: put back the one we took
+            keep.appendleft(taken)
+
+
+def _raise_driver_error(call: str, exc: Exception) -> None:
+    """Raise ``AcceleratorError`` from ``exc`` if PyOpenCL raised it; return otherwise.
+
+    The hot paths map errors inline with this (``except Exception as exc:
+    _raise_driver_error(name, exc); raise``) instead of through ``_as_accelerator_errors``,
+    which costs a call per call.
+    """
+    if type(exc).__module__.partition(".")[0] == "pyopencl":
+        raise AcceleratorError(f"OpenCL {call} failed: {' '.join(str(exc).split())}") from exc
+
+
 class OpenCLEvent:
     """An OpenCL event handle: the marker of its last recording (None before the first)."""
 
@@ -65,18 +120,31 @@ class OpenCLEvent:
 class _CLDevice:
     """Per-device state, created on first use of the device."""
 
-    __slots__ = ("allocations", "context", "held", "keepalive", "last", "queues")
+    __slots__ = (
+        "allocations", "cl", "context", "held", "keepalive", "last", "queues", "svm", "svm_memcpy",
+    )  # fmt: skip
 
     def __init__(self, cl: Any, device: Any) -> None:
+        self.cl = cl  # the pyopencl module, so hot paths need no import statement
         self.context = cl.Context([device])
         props = cl.command_queue_properties.PROFILING_ENABLE
         self.queues: dict[int, Any] = {0: cl.CommandQueue(self.context, device, properties=props)}
         self.allocations: dict[int, Any] = {}
         self.held = 0
-        # (event, host object) pairs of async host copies, kept until the copy completes
-        self.keepalive: list[tuple[Any, Any]] = []
+        # per queue, the (event, host object) pairs of its async host copies in enqueue order,
+        # kept until the copy completes (an in-order queue completes them in that order)
+        self.keepalive: dict[int, deque[tuple[Any, Any]]] = {}
         # the last command this backend enqueued on each queue, None once finished
         self.last: dict[int, Any] = {}
+        # (device pointer, bytes) -> the cl.SVM wrapper copies use; emptied when memory is freed
+        self.svm: dict[tuple[int, int], Any] = {}
+        # clEnqueueSVMMemcpy as PyOpenCL's extension exposes it, (queue, is_blocking, dst, src,
+        # wait_for, byte_count) with both sides cl.SVM: what pyopencl.enqueue_copy calls after
+        # about 1 us of dispatch in Python on its arguments' types. None if a PyOpenCL version
+        # lacks it; copies then go through enqueue_copy.
+        self.svm_memcpy: Callable[..., Any] | None = getattr(
+            getattr(cl, "_cl", None), "_enqueue_svm_memcpy", None
+        )
 
 
 class OpenCLBackend:
@@ -121,7 +189,8 @@ class OpenCLBackend:
 
     def device_count(self) -> int:
         """Number of OpenCL devices with coarse-grained SVM; 0 if PyOpenCL is missing."""
-        return len(self._devices())
+        devices = self._cl_devices  # found once; every device argument is counted
+        return len(devices if devices is not None else self._devices())
 
     def is_gpu(self, index: int) -> bool:
         """Return True if device ``index`` is a GPU (auto-detection prefers those)."""
@@ -141,6 +210,7 @@ class OpenCLBackend:
             max_allocation_bytes=int(dev.max_mem_alloc_size),
             driver_version=dev.driver_version.strip(),
             host_accessible=bool(dev.host_unified_memory),
+            pinned_host_memory=self.host_memory_pinned(index),
             raw={
                 "platform": dev.platform.name.strip(),
                 "version": dev.version.strip(),
@@ -238,6 +308,7 @@ class OpenCLBackend:
             queue.finish()
         state.last.clear()
         state.keepalive.clear()
+        state.svm.clear()
         state.held -= int(allocation.size)
         allocation.release()
 
@@ -292,23 +363,37 @@ class OpenCLBackend:
         state.last.pop(stream, None)
         if queue is not None:
             queue.finish()
+        state.keepalive.pop(stream, None)
 
     def stream_query(self, index: int, stream: int) -> bool:
         """Whether the last command accelrt enqueued on the queue has completed.
 
         Work enqueued directly on the native queue is not seen; record an event after it.
         """
-        last = self._dev(index).last.get(stream)
-        return last is None or bool(
-            last.command_execution_status == _import_cl().command_execution_status.COMPLETE
-        )
+        state = self._state.get(index)
+        last = state.last.get(stream) if state is not None else None  # None: nothing enqueued
+        if last is None:
+            return True
+        try:
+            status: int = last.command_execution_status
+        except Exception as exc:
+            _raise_driver_error("stream_query", exc)
+            raise
+        return status == _CL_COMPLETE
 
     def stream_synchronize(self, index: int, stream: int) -> None:
         """``clFinish`` on the queue."""
-        state = self._dev(index)
-        self.queue(index, stream).finish()
-        state.last[stream] = None
-        self._prune_keepalive(state)
+        state = self._state.get(index) or self._dev(index)
+        queue = state.queues.get(stream) or self.queue(index, stream)
+        try:
+            queue.finish()
+            state.last[stream] = None
+            keep = state.keepalive.get(stream)
+            if keep:
+                _drop_completed(keep)
+        except Exception as exc:
+            _raise_driver_error("stream_synchronize", exc)
+            raise
 
     def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
         """Enqueue a barrier that waits for the event's marker."""
@@ -325,8 +410,13 @@ class OpenCLBackend:
 
     def event_record(self, event: Any, index: int, stream: int) -> None:
         """Enqueue a marker on the stream's queue."""
-        event.marker = _import_cl().enqueue_marker(self.queue(index, stream))
-        self._dev(index).last[stream] = event.marker
+        state = self._state.get(index) or self._dev(index)
+        queue = state.queues.get(stream) or self.queue(index, stream)
+        try:
+            event.marker = state.last[stream] = state.cl.enqueue_marker(queue)
+        except Exception as exc:
+            _raise_driver_error("event_record", exc)
+            raise
 
     def event_destroy(self, event: Any) -> None:
         """Drop the event's marker (pyopencl releases the ``cl_event`` with it)."""
@@ -334,16 +424,25 @@ class OpenCLBackend:
 
     def event_query(self, event: Any) -> bool:
         """True if unrecorded or the marker has completed."""
-        if event.marker is None:
+        marker = event.marker
+        if marker is None:
             return True
-        cl = _import_cl()
-        status = event.marker.command_execution_status
-        return bool(status == cl.command_execution_status.COMPLETE)
+        try:
+            status: int = marker.command_execution_status
+        except Exception as exc:
+            _raise_driver_error("event_query", exc)
+            raise
+        return status == _CL_COMPLETE
 
     def event_synchronize(self, event: Any) -> None:
         """``clWaitForEvents`` on the marker."""
-        if event.marker is not None:
-            event.marker.wait()
+        marker = event.marker
+        if marker is not None:
+            try:
+                marker.wait()
+            except Exception as exc:
+                _raise_driver_error("event_synchronize", exc)
+                raise
 
     def event_elapsed_ms(self, start: Any, end: Any) -> float:
         """Difference of the markers' profiled end times, in milliseconds."""
@@ -351,36 +450,63 @@ class OpenCLBackend:
 
     # copies
     def _prune_keepalive(self, state: _CLDevice) -> None:
-        cl = _import_cl()
-        done = cl.command_execution_status.COMPLETE
-        state.keepalive = [
-            (ev, obj) for ev, obj in state.keepalive if ev.command_execution_status != done
-        ]
+        """Forget the host objects of every queue's finished copies (see ``_drop_completed``)."""
+        for keep in list(state.keepalive.values()):  # a copy: another thread may add a queue
+            _drop_completed(keep)
 
     def memcpy_async(
         self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
     ) -> None:
-        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes."""
-        cl = _import_cl()
-        state = self._dev(index)
-        target = cl.SVM(_host_array(dst, nbytes)) if isinstance(dst, int) else dst
-        source = cl.SVM(_host_array(src, nbytes)) if isinstance(src, int) else src
-        event = cl.enqueue_copy(
-            self.queue(index, stream), target, source, byte_count=nbytes, is_blocking=False
-        )
-        state.last[stream] = event
-        host = dst if not isinstance(dst, int) else src if not isinstance(src, int) else None
-        if host is not None:
-            self._prune_keepalive(state)
-            state.keepalive.append((event, host))
+        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes.
+
+        The ``cl.SVM`` wrappers of device pointers are cached (see ``_svm``); the copy is
+        enqueued through PyOpenCL's extension function directly (``_CLDevice.svm_memcpy``); the
+        host objects of a queue's copies are forgotten in order as they complete, so no call
+        scans them all.
+        """
+        state = self._state.get(index) or self._dev(index)
+        queue = state.queues.get(stream) or self.queue(index, stream)
+        try:
+            host: memoryview | None = None
+            if isinstance(dst, int):
+                target = state.svm.get((dst, nbytes))
+                if target is None:
+                    target = _svm(state, dst, nbytes)
+            else:
+                host = dst
+                target = state.cl.SVM(dst)
+            if isinstance(src, int):
+                source = state.svm.get((src, nbytes))
+                if source is None:
+                    source = _svm(state, src, nbytes)
+            else:
+                host = src
+                source = state.cl.SVM(src)
+            if state.svm_memcpy is not None:
+                event = state.svm_memcpy(queue, False, target, source, None, nbytes)
+            else:
+                event = state.cl.enqueue_copy(
+                    queue, target, source, byte_count=nbytes, is_blocking=False
+                )
+            state.last[stream] = event
+            if host is not None:
+                keep = state.keepalive.get(stream)
+                if keep is None:
+                    keep = state.keepalive[stream] = deque()
+                elif keep:
+                    _drop_completed(keep)
+                keep.append((event, host))
+        except Exception as exc:
+            _raise_driver_error("memcpy_async", exc)
+            raise
 
     def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
         """``clEnqueueSVMMemFill`` with a one-byte pattern."""
         import numpy as np
 
-        cl = _import_cl()
-        self._dev(index).last[stream] = cl.enqueue_svm_memfill(
-            self.queue(index, stream), cl.SVM(_host_array(ptr, nbytes)), np.uint8(value)
+        state = self._dev(index)
+        state.last[stream] = state.cl.enqueue_svm_memfill(
+            self.queue(index, stream), _svm(state, ptr, nbytes), np.uint8(value)
         )
 
     def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview | None:
@@ -403,11 +529,87 @@ class OpenCLBackend:
         state.last.clear()
         self._prune_keepalive(state)
 
+    # host memory (accelrt.empty_host): mapped CL_MEM_ALLOC_HOST_PTR buffers
+    _host: _CLHostMemory | None = None
 
+    def _host_memory(self) -> _CLHostMemory:
+        host = self._host
+        if host is None:
+            with self._lock:
+                host = self._host
+                if host is None:
+                    host = self._host = _CLHostMemory()
+        return host
+
+    def host_memory_pinned(self, index: int) -> bool:
+        """True: host memory is the driver's, ``CL_MEM_ALLOC_HOST_PTR`` buffers mapped into the
+        process (page-locked on GPU drivers; on a CPU device such as PoCL's, memory the device
+        itself allocated, which it reads and writes without staging)."""
+        return True
+
+    def host_alloc(self, index: int, nbytes: int) -> int:
+        """Create a ``CL_MEM_ALLOC_HOST_PTR`` buffer and map it read-write for its host address.
+
+        The map runs on a private queue of the device (a blocking map on a stream's queue would
+        wait for the stream's work). Raises ``BackendOutOfMemory`` when the driver has no memory
+        for the buffer.
+        """
+        import numpy as np
+
+        cl = _import_cl()
+        state = self._dev(index)
+        host = self._host_memory()
+        with self._lock:
+            queue = host.queues.get(index)
+            if queue is None:
+                queue = host.queues[index] = cl.CommandQueue(state.context, self._devices()[index])
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+        access = cl.map_flags.READ | cl.map_flags.WRITE
+        try:
+            buffer = cl.Buffer(state.context, flags, nbytes)
+            mapped, _ = cl.enqueue_map_buffer(
+                queue, buffer, access, 0, (nbytes,), np.uint8, is_blocking=True
+            )
+        except cl.Error as exc:
+            code = exc.code if hasattr(exc, "code") else None
+            if code in _OOM_CODES:
+                raise BackendOutOfMemory(str(exc)) from exc
+            raise
+        address = int(mapped.__array_interface__["data"][0])
+        with self._lock:
+            host.allocations[address] = (index, buffer, mapped)
+        return address
+
+    def host_free(self, index: int, ptr: int) -> None:
+        """Unmap and release a buffer from ``host_alloc``; ``ValueError`` if ``ptr`` is not one."""
+        host = self._host_memory()
+        with self._lock:
+            entry = host.allocations.pop(ptr, None)
+        if entry is None:
+            raise ValueError(f"opencl:{index}: {ptr:#x} is not an address returned by host_alloc")
+        device, buffer, mapped = entry
+        queue = host.queues[device]
+        mapped.base.release(queue)  # the pyopencl MemoryMap: enqueue the unmap
+        queue.finish()
+        buffer.release()
+
+
+class _CLHostMemory:
+    """The host allocations of the backend (address -> device, buffer, mapped array), and per
+    device the private queue that maps and unmaps them."""
+
+    __slots__ = ("allocations", "queues")
+
+    def __init__(self) -> None:
+        self.allocations: dict[int, tuple[int, Any, Any]] = {}
+        self.queues: dict[int, Any] = {}
+
+
+# stream_query, stream_synchronize, event_record, event_query, event_synchronize and
+# memcpy_async map PyOpenCL's errors inline (_raise_driver_error): a wrapper costs a call per call
 _DRIVER_CALLS = (
-    "malloc", "free", "stream_create", "stream_destroy", "stream_query", "stream_synchronize",
-    "stream_wait_event", "event_record", "event_query", "event_synchronize", "event_elapsed_ms",
-    "memcpy_async", "memset_async", "synchronize",
+    "malloc", "free", "stream_create", "stream_destroy", "stream_wait_event",
+    "event_elapsed_ms", "memset_async", "synchronize",
 )  # fmt: skip
 
 
@@ -419,15 +621,16 @@ def _as_accelerator_errors(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return method(self, *args, **kwargs)
         except Exception as exc:
-            if type(exc).__module__.partition(".")[0] != "pyopencl":
-                raise
-            raise AcceleratorError(
-                f"OpenCL {method.__name__} failed: {' '.join(str(exc).split())}"
-            ) from exc
+            _raise_driver_error(method.__name__, exc)
+            raise
 
     return call
 
 
 for _name in _DRIVER_CALLS:
+    setattr(OpenCLBackend, _name, _as_accelerator_errors(getattr(OpenCLBackend, _name)))
+del _name
+
+for _name in ("host_alloc", "host_free"):  # the host allocator's calls
     setattr(OpenCLBackend, _name, _as_accelerator_errors(getattr(OpenCLBackend, _name)))
 del _name

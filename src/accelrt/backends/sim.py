@@ -13,6 +13,8 @@ A device whose address range (2**44 bytes, unbounded for the last device) is use
 further requests as out of memory rather than hand out another device's addresses.
 
 Streams and events complete at once; events carry host timestamps so ``elapsed_time`` works.
+Host memory for ``accelrt.empty_host`` is ordinary page-aligned anonymous memory (``mmap``): the
+device has no pinning, and says so (``host_memory_pinned`` and the device properties).
 Memory is host-backed lazily: the first copy into or view of an allocation creates its host
 bytes, so an 80 GiB replay uses no host memory while a small test can round-trip data.
 
@@ -25,6 +27,7 @@ renumbers it, so workers given different devices never share an address.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import functools
 import mmap
 import os
@@ -227,6 +230,7 @@ class SimBackend:
         ]
         self._next_stream = 1
         self._lock = threading.RLock()  # address bookkeeping: copies run outside the allocator
+        self._host: dict[int, mmap.mmap] = {}  # host_alloc address -> its anonymous mapping
 
     # discovery
     def is_available(self) -> bool:
@@ -250,6 +254,7 @@ class SimBackend:
             max_allocation_bytes=dev.capacity,
             driver_version="sim",
             host_accessible=True,
+            pinned_host_memory=False,
             raw={
                 "physical_index": dev.physical_index,
                 "base_address": BASE_ADDRESS + dev.physical_index * DEVICE_STRIDE,
@@ -515,6 +520,33 @@ class SimBackend:
     def synchronize(self, index: int) -> None:
         """Returns at once."""
 
+    # host memory
+    def host_memory_pinned(self, index: int) -> bool:
+        """False: the simulated device's host memory is ordinary pageable memory."""
+        return False
+
+    def host_alloc(self, index: int, nbytes: int) -> int:
+        """Map ``nbytes`` of anonymous host memory (page-aligned, zero-filled) for the host
+        allocator; ``BackendOutOfMemory`` when the operating system refuses the mapping."""
+        try:
+            mapping = mmap.mmap(-1, nbytes)
+        except (OSError, OverflowError, ValueError) as exc:
+            raise BackendOutOfMemory(
+                f"sim:{index}: the host could not map {nbytes} bytes ({exc})"
+            ) from None
+        anchor = ctypes.c_char.from_buffer(mapping)
+        address = ctypes.addressof(anchor)
+        del anchor  # no export stays on the mapping, so host_free can close it
+        self._host[address] = mapping
+        return address
+
+    def host_free(self, index: int, ptr: int) -> None:
+        """Unmap memory from ``host_alloc``; ``ValueError`` if ``ptr`` is not such memory."""
+        mapping = self._host.pop(ptr, None)
+        if mapping is None:
+            raise ValueError(f"sim:{index}: {ptr:#x} is not an address returned by host_alloc")
+        mapping.close()
+
 
 def _under_lock(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``method`` holding the backend's lock: copies on one thread look addresses up while
@@ -530,7 +562,8 @@ def _under_lock(method: Callable[..., Any]) -> Callable[..., Any]:
 
 for _name in (
     "plan_addresses", "plan_reservations", "malloc", "free", "vm_reserve", "vm_release",
-    "vm_map", "vm_unmap", "memcpy_async", "memset_async", "host_view",
+    "vm_map", "vm_unmap", "memcpy_async", "memset_async", "host_view", "host_alloc",
+    "host_free",
 ):  # fmt: skip
     setattr(SimBackend, _name, _under_lock(getattr(SimBackend, _name)))
 del _name

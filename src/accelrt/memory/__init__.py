@@ -5,6 +5,9 @@ The public home of memory, as ``torch.accelerator.memory`` and ``rmm.mr`` are. T
 ``accelrt.memory_stats``, ...); everything else about memory lives here:
 
 - allocation and copies: :func:`empty`, :func:`copy_`, :func:`record_stream`, :class:`Buffer`;
+- host (pinned) memory from the host caching allocator: :func:`empty_host`,
+  :class:`HostBuffer`, :func:`empty_host_cache`, :func:`host_memory_stats` (PyTorch's keys) and
+  its resets, :func:`get_host_allocator` (the :class:`HostCachingAllocator`);
 - private pools: :class:`MemPool`, :func:`use_mem_pool`;
 - statistics and the cache: :func:`memory_stats` (PyTorch's keys), :func:`memory_allocated`,
   :func:`empty_cache`, ... and the summary table :func:`memory_summary`;
@@ -20,7 +23,6 @@ docs/allocator.md describes the allocator's behaviour exactly.
 
 from __future__ import annotations
 
-from ._allocator import CachingAllocator as CachingAllocator
 from ._api import copy_ as copy_
 from ._api import empty as empty
 from ._api import empty_cache as empty_cache
@@ -36,14 +38,23 @@ from ._api import reset_accumulated_memory_stats as reset_accumulated_memory_sta
 from ._api import reset_peak_memory_stats as reset_peak_memory_stats
 from ._api import set_allocator_settings as set_allocator_settings
 from ._api import set_per_process_memory_fraction as set_per_process_memory_fraction
-from ._block import Block as Block
 from ._buffer import Buffer as Buffer
 from ._config import AllocatorConfig as AllocatorConfig
+from ._core import Block as Block
+from ._core import CachingAllocator as CachingAllocator
 from ._history import BlockInfo as BlockInfo
 from ._history import Frame as Frame
 from ._history import SegmentInfo as SegmentInfo
 from ._history import Snapshot as Snapshot
 from ._history import TraceEntry as TraceEntry
+from ._host import HostCachingAllocator as HostCachingAllocator
+from ._host import empty_host as empty_host
+from ._host import empty_host_cache as empty_host_cache
+from ._host import get_host_allocator as get_host_allocator
+from ._host import host_memory_stats as host_memory_stats
+from ._host import reset_accumulated_host_memory_stats as reset_accumulated_host_memory_stats
+from ._host import reset_peak_host_memory_stats as reset_peak_host_memory_stats
+from ._host_buffer import HostBuffer as HostBuffer
 from ._policy import round_size as round_size
 from ._policy import segment_size as segment_size
 from ._pool import MemPool as MemPool
@@ -60,6 +71,8 @@ __all__ = [
     "Buffer",
     "CachingAllocator",
     "Frame",
+    "HostBuffer",
+    "HostCachingAllocator",
     "MemPool",
     "SegmentInfo",
     "Snapshot",
@@ -68,8 +81,12 @@ __all__ = [
     "dump_snapshot",
     "empty",
     "empty_cache",
+    "empty_host",
+    "empty_host_cache",
     "get_allocator",
+    "get_host_allocator",
     "get_memory_info",
+    "host_memory_stats",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory_allocated",
@@ -79,7 +96,9 @@ __all__ = [
     "memory_summary",
     "record_memory_history",
     "record_stream",
+    "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "round_size",
     "segment_size",

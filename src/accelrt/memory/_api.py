@@ -14,10 +14,12 @@ from .. import _runtime
 from .._device import DeviceLike
 from .._stream import Stream, current_stream
 from . import _registry
-from ._allocator import CachingAllocator, _as_size
+from ._allocator import _as_size
 from ._atomic import PENDING, deliver, register
 from ._buffer import Buffer
 from ._config import AllocatorConfig
+from ._core import CachingAllocator
+from ._host_buffer import HostBuffer
 
 __all__ = [
     "copy_",
@@ -105,30 +107,39 @@ def empty(nbytes: int, *, device: DeviceLike = None, stream: Stream | None = Non
 register(empty)
 
 
-def record_stream(buffer: Buffer, stream: Stream) -> None:
+def record_stream(buffer: Buffer | HostBuffer, stream: Stream) -> None:
     """Mark ``buffer`` as used on ``stream``: its memory is not reused before that work ends.
 
     Parameters
     ----------
-    buffer : Buffer
-        Memory from ``accelrt.empty``.
+    buffer : Buffer or HostBuffer
+        Memory from ``accelrt.empty``, or host memory from ``accelrt.empty_host``.
     stream : Stream
-        Another stream of the same device that uses the memory.
+        Another stream of the same device that uses the device memory; for host memory, any
+        stream of the accelerator that reads or writes it.
 
     Raises
     ------
     TypeError
-        If the arguments are not a Buffer and a Stream.
+        If the arguments are not a Buffer (or HostBuffer) and a Stream.
     ValueError
-        If the buffer was freed, or the stream is on another device.
+        If the buffer was freed, or the stream is on another device (another backend, for
+        host memory).
 
     Notes
     -----
     When the buffer is freed, an event is recorded on every such stream and the block returns
-    to the pool only once they have all completed. Mirrors ``torch.Tensor.record_stream``.
+    to the pool only once they have all completed. ``copy_`` records its stream on a
+    HostBuffer by itself. Mirrors ``torch.Tensor.record_stream`` (and, for host memory,
+    ``CachingHostAllocator_recordEvent``).
     """
+    if isinstance(buffer, HostBuffer):
+        buffer.record_stream(stream)
+        return
     if not isinstance(buffer, Buffer):
-        raise TypeError(f"record_stream() takes a Buffer, got {type(buffer).__name__}")
+        raise TypeError(
+            f"record_stream() takes a Buffer or a HostBuffer, got {type(buffer).__name__}"
+        )
     if not isinstance(stream, Stream):
         raise TypeError(f"record_stream() takes a Stream, got {type(stream).__name__}")
     if buffer.nbytes == 0:
@@ -153,14 +164,20 @@ def _host_view(array: Any, *, writable: bool) -> memoryview:
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
+def _host_side(side: Any, *, writable: bool) -> memoryview:
+    if isinstance(side, HostBuffer):
+        return side._memoryview()  # raises ValueError if freed
+    return _host_view(side, writable=writable)
+
+
 def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
-    """Copy bytes between host arrays and device buffers, asynchronously on a stream.
+    """Copy bytes between host memory and device buffers, on a stream.
 
     Parameters
     ----------
-    dst : Buffer or host array
+    dst : Buffer, HostBuffer or host array
         Where to copy to; a host array must be C-contiguous and writable.
-    src : Buffer or host array
+    src : Buffer, HostBuffer or host array
         What to copy; same size in bytes as ``dst``.
     stream : Stream, optional
         The stream the copy runs on; default the current stream of the buffer's device.
@@ -172,40 +189,61 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     Raises
     ------
     TypeError
-        If neither side is a Buffer, a side is neither a Buffer nor a host array, or
-        ``stream`` is not a Stream.
+        If neither side is a Buffer, a side is neither a Buffer, a HostBuffer nor a host
+        array, or ``stream`` is not a Stream.
     ValueError
-        If sizes differ, a buffer was freed, buffers are on different devices, or the stream
-        is on another device.
+        If sizes differ, a buffer or host buffer was freed, buffers are on different devices,
+        the stream is on another device, or a HostBuffer belongs to another backend.
 
     Notes
     -----
-    Host-to-device and device-to-device copies are asynchronous; host memory is kept alive
-    until the copy completes. Synchronize the stream before reading a device-to-host
-    destination. Mirrors ``torch.Tensor.copy_(non_blocking=True)``.
+    Device-to-device copies, and copies between a device ``Buffer`` and a ``HostBuffer``
+    (pinned memory from ``accelrt.empty_host``), are asynchronous on the stream: ``copy_``
+    returns once the copy is queued, and records the stream on the HostBuffer, so that its
+    memory is not reused before the copy has run. Synchronize the stream (or wait for an event
+    recorded after the copy) before reading a host destination or changing a host source.
+
+    Pageable host memory (a numpy array, ``bytes``, any buffer-protocol object) cannot be
+    copied asynchronously by the device: the copy stages it or blocks. On ``sim`` it blocks
+    (it is done when ``copy_`` returns); on OpenCL the driver stages the bytes through memory
+    of its own, or (PoCL's CPU device) copies them itself, when the queue reaches the copy, so
+    accelrt keeps the array alive until then and the array must not change, nor a destination
+    be read, before the stream is synchronized. Mirrors ``torch.Tensor.copy_(non_blocking=True)``:
+    asynchronous from and to pinned memory, staged or blocking for pageable memory.
     """
-    buffers = [b for b in (dst, src) if isinstance(b, Buffer)]
-    if not buffers:
+    # A hot path: devices are compared by the buffers' streams' backend and index, and a
+    # Device is built only for an error message.
+    dst_buffer = isinstance(dst, Buffer)
+    src_buffer = isinstance(src, Buffer)
+    if not (dst_buffer or src_buffer):
         raise TypeError("copy_() needs at least one accelrt.Buffer; use numpy to copy host arrays")
-    device = buffers[0].device
-    if any(b.device != device for b in buffers):
-        raise ValueError(f"copy_() between devices {dst.device} and {src.device} is not supported")
-    target: int | memoryview = (
-        dst.block.address if isinstance(dst, Buffer) else _host_view(dst, writable=True)
-    )
-    source: int | memoryview = (
-        src.block.address if isinstance(src, Buffer) else _host_view(src, writable=False)
-    )
-    dst_bytes = dst.nbytes if isinstance(dst, Buffer) else len(target)  # type: ignore[arg-type]
-    src_bytes = src.nbytes if isinstance(src, Buffer) else len(source)  # type: ignore[arg-type]
+    owner = dst.stream if dst_buffer else src.stream
+    backend, index = owner._backend, owner._index
+    if dst_buffer and src_buffer:
+        other = src.stream
+        if (other._backend is not backend or other._index != index) and dst.device != src.device:
+            raise ValueError(
+                f"copy_() between devices {dst.device} and {src.device} is not supported"
+            )
+    target: int | memoryview = dst.block.address if dst_buffer else _host_side(dst, writable=True)
+    source: int | memoryview = src.block.address if src_buffer else _host_side(src, writable=False)
+    dst_bytes = dst.nbytes if dst_buffer else len(target)  # type: ignore[arg-type]
+    src_bytes = src.nbytes if src_buffer else len(source)  # type: ignore[arg-type]
     if dst_bytes != src_bytes:
         raise ValueError(f"copy_() sizes differ: dst has {dst_bytes} bytes, src {src_bytes}")
     if stream is None:
-        stream = current_stream(device.index)
+        stream = current_stream(index)
     elif not isinstance(stream, Stream):
         raise TypeError(f"copy_() stream must be an accelrt.Stream, got {type(stream).__name__}")
-    elif stream.device != device:
-        raise ValueError(f"stream {stream!r} is not on the buffers' device {device}")
+    elif (stream._backend is not backend or stream._index != index) and (
+        stream.device != owner.device
+    ):
+        raise ValueError(f"stream {stream!r} is not on the buffers' device {owner.device}")
+    # before the copy: a HostBuffer is never reused while the copy may run
+    if not dst_buffer and isinstance(dst, HostBuffer):
+        dst.record_stream(stream)
+    if not src_buffer and isinstance(src, HostBuffer):
+        src.record_stream(stream)
     if dst_bytes:
         stream._backend.memcpy_async(stream._index, target, source, dst_bytes, stream._handle)
     return dst

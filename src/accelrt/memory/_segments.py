@@ -8,7 +8,9 @@ release (docs/allocator.md sections 1 and 7).
 - :class:`ExpandableSegment`: an address range reserved once per (stream, pool) whose pages
   are mapped on demand and unmapped when freed. Needs a backend with virtual memory.
 
-A later memory source (a host pinned pool, a CUDA graph pool) sits on the same seam.
+The host (pinned) caching allocator (``_host.py``) gets its memory through the same seam: a
+:class:`HostMemorySource` hands out and takes back raw host memory of a backend's device, and
+the caching above it is the host allocator's own (a later CUDA graph pool sits here too).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from ._block import BlockPool
     from ._history import RawFrames
 
-__all__ = ["AnySegment", "ExpandableSegment", "MemorySource", "Segment"]
+__all__ = ["AnySegment", "ExpandableSegment", "HostMemorySource", "MemorySource", "Segment"]
 
 
 class Segment:
@@ -222,3 +224,42 @@ class MemorySource:
         except BackendOutOfMemory:
             return None
         return ExpandableSegment(self, address, size, stream, pool)
+
+
+class HostMemorySource:
+    """Where the host caching allocator gets raw host memory for one device of a backend.
+
+    Parameters
+    ----------
+    backend : Backend
+        The device's backend.
+    index : int
+        The device's index in the backend.
+
+    Notes
+    -----
+    ``pinned`` says whether the backend's host memory is pinned for the device (see
+    ``Backend.host_memory_pinned``); without pinning it is ordinary page-aligned host memory.
+    Host memory is never split, so a "segment" here is one raw allocation, named by its address.
+    """
+
+    __slots__ = ("backend", "index", "pinned")
+
+    def __init__(self, backend: Backend, index: int) -> None:
+        self.backend = backend
+        self.index = index
+        self.pinned = bool(backend.host_memory_pinned(index))
+
+    def allocate(self, size: int) -> int | None:
+        """Return the address of ``size`` new bytes of host memory, or None when there is none.
+
+        Any error other than the backend's out-of-memory is a driver failure and propagates.
+        """
+        try:
+            return self.backend.host_alloc(self.index, size)
+        except BackendOutOfMemory:
+            return None
+
+    def release(self, address: int) -> None:
+        """Give host memory from :meth:`allocate` back to the backend."""
+        self.backend.host_free(self.index, address)

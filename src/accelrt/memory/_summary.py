@@ -1,10 +1,13 @@
-"""``memory_summary``'s table: PyTorch's layout and unit choices over ``memory_stats()`` keys."""
+"""``memory_summary``'s table (PyTorch's layout and unit choices over ``memory_stats()`` keys)
+and the tables of what was live at a moment (the peak, an OOM), grouped by stack frame or op."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["format_summary"]
+from .._units import format_bytes
+
+__all__ = ["fit_frame", "format_live_groups", "format_summary"]
 
 _WIDTH = 75
 _SIZE_PREFIXES = ("B  ", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -109,3 +112,48 @@ def format_summary(stats: Mapping[str, int], device: str, *, abbreviated: bool =
         lines.append(_row(name, values, values, _format_count))
     lines.append("=" * _WIDTH)
     return "".join(f"|{line}|\n" for line in lines)
+
+
+def format_live_groups(
+    title: str, rows: Sequence[tuple[str, int, int]], live_bytes: int, *, width: int = 100
+) -> str:
+    """Format what was live at one moment, grouped (by stack frame or op), as a text table.
+
+    Parameters
+    ----------
+    title : str
+        The table's first line, e.g. ``"Live at the peak (event 812), by stack frame"``.
+    rows : sequence of (str, int, int)
+        ``(key, bytes, allocations)`` per group, largest first.
+    live_bytes : int
+        All live bytes then (for the share column).
+    width : int
+        The widest a line may be; long keys are cut from the left (keeping ``file:line``).
+
+    Returns
+    -------
+    str
+        The table, ending in a newline; no line is longer than ``width``.
+    """
+    key_width = max(20, width - 34)
+    lines = [title, f"{'bytes':>12} {'share':>6} {'allocs':>8}  where"]
+    for key, nbytes, count in rows:
+        share = f"{100 * nbytes / live_bytes:5.1f}%" if live_bytes else "    - "
+        shown = fit_frame(key, key_width)
+        lines.append(f"{format_bytes(nbytes):>12} {share:>6} {count:>8}  {shown}")
+    return "\n".join(lines) + "\n"
+
+
+def fit_frame(text: str, width: int) -> str:
+    """Shorten a frame ``"function  path:line"`` to ``width`` characters.
+
+    The function name is kept and the path is cut from the left (so ``file:line`` stays);
+    other text is cut from the left. ``width`` below 8 is taken as 8.
+    """
+    width = max(8, width)
+    if len(text) <= width:
+        return text
+    name, sep, where = text.partition("  ")
+    if sep and len(name) + 6 < width:
+        return f"{name}  ...{where[-(width - len(name) - 5) :]}"
+    return "..." + text[-(width - 3) :]

@@ -2,11 +2,13 @@
 
 The format (docs/allocator.md section 12) is gzip'd JSON Lines: a header object, then one event a
 line, ``{"action": "alloc" | "free", "addr", "size", "stream", "t"}`` or
-``{"action": "empty_cache"}``.
+``{"action": "empty_cache"}``. In memory a trace's events are numpy columns
+(:class:`TraceEvents`, 25 bytes an event), read without a Python object per line.
 """
 
 from __future__ import annotations
 
+from ._columns import TraceEvents as TraceEvents
 from ._format import Trace as Trace
 from ._format import TraceEvent as TraceEvent
 from ._format import TraceFormatError as TraceFormatError
@@ -19,6 +21,7 @@ from ._torch import record_torch as record_torch
 __all__ = [
     "Trace",
     "TraceEvent",
+    "TraceEvents",
     "TraceFormatError",
     "load",
     "read_snapshot",

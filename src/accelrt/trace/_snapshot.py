@@ -31,6 +31,7 @@ from ..memory._policy import (
     round_size,
     should_split,
 )
+from ._columns import TraceEvents
 from ._format import Trace, TraceEvent, TraceFormatError
 from ._plain_pickle import describe
 from ._snapshot_schema import (
@@ -559,7 +560,7 @@ def trace_from_snapshot(
     header = {"name": name if len(with_events) == 1 else f"{name}_dev{device}"}
     return Trace(
         header=header,
-        events=events,
+        events=TraceEvents.from_events(events),
         path=path,
         include_host=True,
         peak_live_bytes=peak_live,
