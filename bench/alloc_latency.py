@@ -1,16 +1,19 @@
 """Latency of a cache-hit alloc+free pair: accelrt vs PyOpenCL's C++ pool, same device, same run.
 
-Measures, on the OpenCL device (PoCL's CPU device where there is no GPU):
+Measures, on the OpenCL device (PoCL's CPU device where there is no GPU), for 512 B, 4 KiB and
+1 MiB requests (each a cache hit after the first):
 
-- ``accelrt.empty`` + ``Buffer.free``: the public path (device normalisation, current stream,
-  Buffer object);
-- ``CachingAllocator.malloc`` + ``free``: the allocator's internal fast path;
+- ``accelrt.empty`` + ``Buffer.free``: the public path (current device and stream, a Buffer);
+- ``CachingAllocator.malloc`` + ``free``: the allocator of the core in use (compiled unless
+  ``ACCELRT_PURE_PYTHON=1``);
+- the same pair on the pure-Python reference allocator (``memory._core.ReferenceCachingAllocator``);
 - ``pyopencl.tools.MemoryPool`` ``allocate`` + ``release``: the peer, a C++ caching pool.
 
-Each is timed as the best of several repeats of N pairs of a 1 MiB request (a cache hit after
-the first), and printed with its ratio to the peer. No target yet: this is the number.
+Each is the best of several repeats of N pairs, interleaved by size, printed with its ratio to
+the peer. Targets (issue 10): public <= 1.0x, internal <= 0.8x.
 
-    python bench/alloc_latency.py [--pairs 200000] [--repeats 5] [--size 1048576]
+    python bench/alloc_latency.py [--pairs 200000] [--repeats 5]
+    ACCELRT_PURE_PYTHON=1 python bench/alloc_latency.py   # the public path on the Python core
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ import time
 from collections.abc import Callable
 
 os.environ.setdefault("POCL_MEMORY_LIMIT", "2")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no BLAS threads spinning beside the loops
+
+SIZES = (512, 4096, 1 << 20)
 
 
-def best_ns_per_pair(pair: Callable[[], None], pairs: int, repeats: int) -> float:
-    """Return the best mean time of one call of ``pair`` over ``repeats`` runs, in ns."""
-    pair()
+def best_ns_per_pair(pair: Callable[[int], None], pairs: int, repeats: int) -> float:
+    """Return the best mean ns of one pair, over ``repeats`` runs of ``pair(pairs)``."""
+    pair(1)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter_ns()
-        for _ in range(pairs):
-            pair()
+        pair(pairs)
         best = min(best, (time.perf_counter_ns() - start) / pairs)
     return best
 
@@ -39,44 +44,53 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--pairs", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--size", type=int, default=1 << 20)
     args = parser.parse_args()
 
     import pyopencl as cl
     import pyopencl.tools as cl_tools
 
     import accelrt as acc
+    from accelrt.memory import _core
 
     acc.backends.use("opencl")
     allocator = acc.memory.get_allocator(0)
-    size = args.size
-
-    def public_pair() -> None:
-        acc.empty(size).free()
-
-    def internal_pair() -> None:
-        allocator.free(allocator.malloc(size, 0))
-
+    reference = _core.ReferenceCachingAllocator(allocator.backend, 0)
     queue = allocator.backend.queue(0, 0)  # type: ignore[attr-defined]
     pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(queue))
 
-    def peer_pair() -> None:
-        pool.allocate(size).release()
+    print(f"device: opencl:0 ({acc.get_device_name(0)}); pyopencl {cl.VERSION_TEXT}")
+    print(f"allocator core: {_core.CORE} ({_core.CORE_REASON})")
+    print(f"pairs: {args.pairs} x best of {args.repeats}; ns per alloc+free pair (x peer)")
+    head = ("size", "peer pool", "internal", "reference", "public")
+    print(f"{head[0]:>8} {head[1]:>10} {head[2]:>16} {head[3]:>16} {head[4]:>16}")
+    for size in SIZES:
 
-    peer = best_ns_per_pair(peer_pair, args.pairs, args.repeats)
-    internal = best_ns_per_pair(internal_pair, args.pairs, args.repeats)
-    public = best_ns_per_pair(public_pair, args.pairs, args.repeats)
-    device = acc.get_device_name(0)
-    print(f"device: opencl:0 ({device}); pyopencl {cl.VERSION_TEXT}; request {size} bytes")
-    print(f"pairs: {args.pairs} x best of {args.repeats}")
-    print(f"{'path':42} {'ns/pair':>10} {'ratio vs peer':>14}")
-    rows = [
-        ("pyopencl.tools.MemoryPool (peer, C++)", peer),
-        ("CachingAllocator.malloc+free (internal)", internal),
-        ("accelrt.empty+Buffer.free (public)", public),
-    ]
-    for name, ns in rows:
-        print(f"{name:42} {ns:10.0f} {ns / peer:13.2f}x")
+        def peer(n: int, size: int = size) -> None:
+            allocate = pool.allocate
+            for _ in range(n):
+                allocate(size).release()
+
+        def internal(n: int, size: int = size) -> None:
+            malloc, free = allocator.malloc, allocator.free
+            for _ in range(n):
+                free(malloc(size, 0))
+
+        def python_core(n: int, size: int = size) -> None:
+            malloc, free = reference.malloc, reference.free
+            for _ in range(max(n // 10, 1)):  # 10x slower: a tenth of the pairs
+                free(malloc(size, 0))
+
+        def public(n: int, size: int = size) -> None:
+            empty = acc.empty
+            for _ in range(n):
+                empty(size).free()
+
+        peer_ns = best_ns_per_pair(peer, args.pairs, args.repeats)
+        cells = [f"{peer_ns:10.0f}"]
+        for run, count in ((internal, 1), (python_core, 10), (public, 1)):
+            ns = best_ns_per_pair(run, args.pairs, args.repeats) * count
+            cells.append(f"{ns:8.0f} ({ns / peer_ns:5.2f}x)")
+        print(f"{size:>8} " + " ".join(cells))
 
 
 if __name__ == "__main__":

@@ -97,7 +97,9 @@ def test_random_keyboard_interrupts_leave_the_allocator_consistent(sim: str) -> 
             interrupts += 1
         interrupts += _settle()
     interrupts += _settle(0.5)  # none may arrive while the books are checked
-    assert injector.sent >= 1500 and interrupts > 200  # allocator calls were interrupted
+    # allocator calls were interrupted (fewer land with the compiled core: its hit path has no
+    # Python lines, so only the slow paths' lines count)
+    assert injector.sent >= 1500 and interrupts > 100
     _check_books(allocator, live)
     for buf in live:
         buf.free()

@@ -53,6 +53,25 @@ class _ThreadState(threading.local):
 
 
 _local = _ThreadState()
+
+
+class _Epoch:
+    """A counter bumped whenever what the current accelerator, device or stream is may change
+    (``use``, ``set_current_index``, a stream made current, ``reset_state``, a fork), so that
+    a per-thread cache of those lookups (the compiled ``accelrt.empty``) knows when it is stale.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        """Invalidate every cached lookup."""
+        self.value += 1
+
+
+STATE_EPOCH = _Epoch()
 _initialised: dict[str, int] = {}  # backend name -> pid of the process that initialised it
 _inherited: dict[str, int] = {}  # in a forked child: what the parent had initialised
 
@@ -60,6 +79,7 @@ _inherited: dict[str, int] = {}  # in a forked child: what the parent had initia
 def _after_fork_in_child() -> None:
     _inherited.update(_initialised)
     _initialised.clear()
+    STATE_EPOCH.bump()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -113,6 +133,7 @@ def use(name: str) -> Backend:
     backend = get_backend(name)
     with _lock:
         _chosen[:] = [backend]
+        STATE_EPOCH.bump()
     return backend
 
 
@@ -129,6 +150,7 @@ def accelerator() -> Backend | None:
     with _lock:
         if not _chosen:
             _chosen.append(_detect())
+            STATE_EPOCH.bump()
         return _chosen[0]
 
 
@@ -189,6 +211,7 @@ def set_current_index(backend: Backend, index: int) -> None:
     if indices is None:
         indices = _local.indices = {}
     indices[backend.name] = index
+    STATE_EPOCH.bump()
 
 
 def check_index(backend: Backend, index: int) -> int:
@@ -299,3 +322,4 @@ def reset_state() -> None:
         _chosen.clear()
         _initialised.clear()
         _local.__dict__.clear()
+        STATE_EPOCH.bump()

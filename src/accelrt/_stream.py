@@ -358,6 +358,7 @@ def _set_current(stream: Stream) -> None:
     if streams is None:
         streams = _local.streams = {}
     streams[(stream._backend.name, stream._index)] = stream
+    _runtime.STATE_EPOCH.bump()
 
 
 def current_stream(device: DeviceLike = None) -> Stream:
@@ -416,3 +417,4 @@ def set_stream(stream: Stream) -> None:
 def reset_local() -> None:
     """Forget this thread's current streams (for tests; see ``_runtime.reset_state``)."""
     _local.__dict__.clear()
+    _runtime.STATE_EPOCH.bump()

@@ -8,12 +8,12 @@ nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _runtime
 from .._device import DeviceLike
 from .._stream import Stream, current_stream
-from . import _registry
+from . import _core, _registry
 from ._allocator import _as_size
 from ._atomic import PENDING, deliver, register
 from ._buffer import Buffer
@@ -105,6 +105,13 @@ def empty(nbytes: int, *, device: DeviceLike = None, stream: Stream | None = Non
 
 
 register(empty)
+
+if not TYPE_CHECKING and _core.native is not None:
+    # The compiled form takes the common call, empty(n), without a Python frame; it falls
+    # back to the function above for every other call (memory/_native.pyx).
+    _core.native.install_empty(_runtime.STATE_EPOCH, Buffer, empty)
+    _core.native.empty.__doc__ = empty.__doc__
+    empty = _core.native.empty
 
 
 def record_stream(buffer: Buffer | HostBuffer, stream: Stream) -> None:

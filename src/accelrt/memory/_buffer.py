@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._device import Device
 from ._atomic import PENDING, deliver, register
+from ._core import native
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,7 +29,60 @@ class _HostArrayInterface:
         self.owner = owner
 
 
-class Buffer:
+class _BufferFields:
+    """The fields, ``free`` and finaliser of :class:`Buffer` in Python: its base where the
+    compiled core does not run (the compiled ``BufferCore`` of memory/_native.pyx, its twin,
+    is the base elsewhere)."""
+
+    __slots__ = ("__weakref__", "_allocator", "_block", "_stream", "nbytes", "ptr")
+
+    def __init__(
+        self,
+        allocator: CachingAllocator | None,
+        block: Block | None,
+        nbytes: int,
+        stream: Stream,
+    ) -> None:
+        self._allocator = allocator
+        self._block = block
+        self._stream = stream
+        self.nbytes = nbytes
+        self.ptr = block.address if block is not None else 0
+
+    def free(self) -> None:
+        """Give the memory back to the caching allocator. Freeing twice does nothing."""
+        try:  # atomic: the block is freed exactly when the buffer lets go of it
+            block, self._block = self._block, None
+            if block is not None and self._allocator is not None:
+                self._allocator.free(block)
+        finally:
+            if PENDING.flag:
+                deliver()
+
+    def __del__(self) -> None:
+        # A finaliser may run anywhere, even inside an allocator call on this thread (the
+        # garbage collector runs when objects are made): free_soon never re-enters one.
+        try:  # no imports in __del__: it may run at interpreter exit
+            block, self._block = self._block, None
+            if block is not None and self._allocator is not None:
+                self._allocator.free_soon(block)
+        except Exception:  # __del__ never raises
+            pass
+        finally:  # atomic (a KeyboardInterrupt here would be dropped with the free undone)
+            if PENDING.flag:
+                deliver()
+
+
+register(_BufferFields.free)
+register(_BufferFields.__del__)
+
+if TYPE_CHECKING or native is None:  # noqa: SIM108 (mypy types the first branch)
+    _Base = _BufferFields
+else:
+    _Base = native.BufferCore
+
+
+class Buffer(_Base):
     """A block of device memory handed out by ``accelrt.empty``.
 
     Attributes
@@ -52,20 +106,7 @@ class Buffer:
     Not thread-safe to free from two threads at once.
     """
 
-    __slots__ = ("__weakref__", "_allocator", "_block", "_stream", "nbytes", "ptr")
-
-    def __init__(
-        self,
-        allocator: CachingAllocator | None,
-        block: Block | None,
-        nbytes: int,
-        stream: Stream,
-    ) -> None:
-        self._allocator = allocator
-        self._block = block
-        self._stream = stream
-        self.nbytes = nbytes
-        self.ptr = block.address if block is not None else 0
+    __slots__ = ()
 
     @property
     def device(self) -> Device:
@@ -107,16 +148,6 @@ class Buffer:
         if self._allocator is None:
             raise ValueError(f"{self!r} is empty and has no allocator")
         return self._allocator
-
-    def free(self) -> None:
-        """Give the memory back to the caching allocator. Freeing twice does nothing."""
-        try:  # atomic: the block is freed exactly when the buffer lets go of it
-            block, self._block = self._block, None
-            if block is not None and self._allocator is not None:
-                self._allocator.free(block)
-        finally:
-            if PENDING.flag:
-                deliver()
 
     def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
@@ -183,20 +214,3 @@ class Buffer:
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
         return f"Buffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device!s}{state})"
-
-    def __del__(self) -> None:
-        # A finaliser may run anywhere, even inside an allocator call on this thread (the
-        # garbage collector runs when objects are made): free_soon never re-enters one.
-        try:  # no imports in __del__: it may run at interpreter exit
-            block, self._block = self._block, None
-            if block is not None and self._allocator is not None:
-                self._allocator.free_soon(block)
-        except Exception:  # __del__ never raises
-            pass
-        finally:  # atomic (a KeyboardInterrupt here would be dropped with the free undone)
-            if PENDING.flag:
-                deliver()
-
-
-register(Buffer.free)
-register(Buffer.__del__)

@@ -793,3 +793,102 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
     held.prev = None
     held.next = None
     return absorbed
+
+
+# ---------------------------------------------------------------------- the public fast path
+@cython.freelist(64)
+cdef class BufferCore:
+    """The fields, ``free`` and finaliser of ``accelrt.memory.Buffer``, compiled.
+
+    ``Buffer`` (memory/_buffer.py) derives from this class where the compiled core runs, and
+    from its Python twin ``_BufferFields`` where it does not; the two behave the same.
+    """
+
+    cdef public object _allocator, _block, _stream, nbytes, ptr
+    cdef object __weakref__
+
+    def __init__(self, allocator, block, nbytes, stream):
+        self._allocator = allocator
+        self._block = block
+        self._stream = stream
+        self.nbytes = nbytes
+        self.ptr = block.address if block is not None else 0
+
+    def free(self):
+        """Give the memory back to the caching allocator. Freeing twice does nothing."""
+        block, self._block = self._block, None
+        if block is None or self._allocator is None:
+            return
+        if isinstance(self._allocator, HotPath):
+            (<HotPath>self._allocator).free_c(block)
+        else:
+            self._allocator.free(block)
+
+    def __del__(self):
+        # A finaliser may run anywhere, even inside an allocator call on this thread (the
+        # garbage collector runs when objects are made): free_soon never re-enters one.
+        block, self._block = self._block, None
+        if block is not None and self._allocator is not None:
+            try:
+                self._allocator.free_soon(block)
+            except Exception:  # a finaliser never raises
+                pass
+
+
+cdef object _state_epoch = None  # accelrt._runtime.STATE_EPOCH
+cdef object _buffer_type = None  # accelrt.memory.Buffer
+cdef object _reference_empty = None  # memory/_api.py's empty: every case but the common one
+cdef str _CACHE_KEY = "accelrt.memory.empty"
+
+
+def install_empty(state_epoch, buffer_type, reference_empty):
+    """Give :func:`empty` what it needs; memory/_api.py calls this once."""
+    global _state_epoch, _buffer_type, _reference_empty
+    _state_epoch, _buffer_type, _reference_empty = state_epoch, buffer_type, reference_empty
+
+
+cdef extern from "Python.h":
+    PyObject* PyThreadState_GetDict()
+
+
+def empty(nbytes, *, device=None, stream=None):
+    """Allocate uninitialised device memory from the caching allocator.
+
+    The compiled form of memory/_api.py ``empty`` (same arguments, result and errors; its
+    docstring is this function's documentation). The common call, ``empty(n)`` with n > 0,
+    uses a per-thread cache of the current device's allocator and stream, valid while
+    ``accelrt._runtime.STATE_EPOCH`` is unchanged; every other call is the Python function's.
+    """
+    cdef dict thread_dict
+    cdef tuple entry
+    cdef int64_t n
+    cdef HotPath allocator
+    cdef BufferCore buffer
+    if device is None and stream is None and type(nbytes) is int:
+        thread_dict = <dict>PyThreadState_GetDict()
+        cached = thread_dict.get(_CACHE_KEY)
+        if cached is not None and 0 < nbytes <= K_MAX_REQUEST_BYTES:
+            entry = <tuple>cached
+            if entry[0] == _state_epoch.value:
+                n = nbytes
+                allocator = <HotPath>entry[1]
+                block = allocator.malloc_c(n, entry[3])
+                buffer = BufferCore.__new__(_buffer_type)
+                buffer._allocator = allocator
+                buffer._block = block
+                buffer._stream = entry[2]
+                buffer.nbytes = nbytes
+                buffer.ptr = (<Block>block).address
+                return buffer
+    epoch = _state_epoch.value
+    result = _reference_empty(nbytes, device=device, stream=stream)
+    if (
+        device is None
+        and stream is None
+        and isinstance(result, BufferCore)
+        and isinstance((<BufferCore>result)._allocator, HotPath)
+    ):
+        thread_dict = <dict>PyThreadState_GetDict()
+        used = (<BufferCore>result)._stream
+        thread_dict[_CACHE_KEY] = (epoch, (<BufferCore>result)._allocator, used, used._handle)
+    return result

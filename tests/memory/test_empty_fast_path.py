@@ -1,0 +1,103 @@
+"""``accelrt.empty(n)`` follows every change of current device, stream and accelerator.
+
+With the compiled core, the common call ``empty(n)`` takes a per-thread cache of the current
+device's allocator and stream (memory/_native.pyx); these tests change what is current in each
+way the runtime allows and check that the next ``empty(n)`` sees it. On the pure-Python core
+the same tests check the reference, which looks everything up on every call.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import accelrt as acc
+from accelrt import _runtime
+
+
+def _warm() -> None:
+    """Call ``empty(n)`` until the compiled core's cache is filled (a lazy first lookup
+    changes the state it caches, so the second call fills it for good)."""
+    for _ in range(3):
+        acc.empty(512).free()
+
+
+@pytest.fixture
+def two_sims(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELRT_SIM_DEVICES", "2")
+    acc.backends.use("sim")
+
+
+def test_set_stream_and_stream_contexts(two_sims: None) -> None:
+    default = acc.current_stream()
+    _warm()
+    assert acc.empty(512).stream == default
+    side = acc.Stream()
+    acc.set_stream(side)
+    _warm()
+    assert acc.empty(512).stream == side
+    other = acc.Stream()
+    with other:
+        assert acc.empty(512).stream == other
+    assert acc.empty(512).stream == side
+    acc.set_stream(default)
+    assert acc.empty(512).stream == default
+
+
+def test_set_device(two_sims: None) -> None:
+    _warm()
+    assert acc.empty(512).device == acc.Device("sim", 0)
+    acc.set_device_index(1)
+    held = acc.empty(512)
+    assert held.device == acc.Device("sim", 1)
+    assert acc.memory_allocated(1) == 512
+    _warm()
+    acc.set_device_index(0)
+    assert acc.empty(512).device == acc.Device("sim", 0)
+
+
+def test_each_thread_has_its_own_current_device(two_sims: None) -> None:
+    acc.set_device_index(1)
+    _warm()
+    assert acc.empty(512).device.index == 1
+    seen: list[int | None] = []
+
+    def other_thread() -> None:
+        seen.append(acc.empty(512).device.index)  # a new thread starts on device 0
+        _warm()
+        acc.set_device_index(1)
+        seen.append(acc.empty(512).device.index)
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert seen == [0, 1]
+    assert acc.empty(512).device.index == 1
+
+
+def test_switching_accelerators_and_reset(two_sims: None) -> None:
+    _warm()
+    sim_buffer = acc.empty(512)
+    assert sim_buffer.device.type == "sim"
+    allocator = sim_buffer.allocator
+    _runtime.reset_state()
+    acc.backends.use("sim")
+    fresh = acc.empty(512)
+    assert fresh.allocator is not allocator  # the reset forgot the allocators
+    assert acc.memory_stats()["allocation.all.current"] == 1
+
+
+def test_arguments_and_errors_are_the_reference_ones(two_sims: None) -> None:
+    _warm()
+    assert acc.empty(0).nbytes == 0 and acc.empty(0).ptr == 0
+    with pytest.raises(ValueError, match=r"allocation size must be >= 0 bytes, got -1"):
+        acc.empty(-1)
+    with pytest.raises(TypeError, match=r"allocation size must be an int number of bytes"):
+        acc.empty(1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"got 1152921504606846977: no device has that much"):
+        acc.empty((1 << 60) + 1)
+    assert acc.empty(512, device=1).device.index == 1
+    side = acc.Stream(device=1)
+    assert acc.empty(512, stream=side).stream == side
+    assert acc.memory_stats(0)["allocation.all.current"] == 0  # nothing left allocated
