@@ -11,7 +11,12 @@ os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 os.environ.pop("ACCELRT_ALLOC_CONF", None)
 os.environ.pop("ACCELRT_BACKEND", None)
 
-from collections.abc import Iterator
+import _thread
+import random
+import sys
+import time
+from collections.abc import Callable, Collection, Iterator
+from types import FrameType
 
 import pytest
 
@@ -78,3 +83,62 @@ def small_sim(monkeypatch: pytest.MonkeyPatch) -> str:
     _base._instances.pop("sim", None)
     acc.backends.use("sim")
     return "sim"
+
+
+class SigintAtRandomLines:
+    """While active, simulates a SIGINT arriving at a random line of the given source files.
+
+    A trace function counts the lines executed in ``files`` and, every 1 to ``most`` lines (at
+    random), calls ``_thread.interrupt_main()``: the signal handler then runs at the next point
+    where Python checks for signals, in the middle of whatever those files were doing.
+    """
+
+    def __init__(self, files: Collection[str], seed: int, most: int = 60) -> None:
+        self._files = frozenset(files)
+        self._rng = random.Random(seed)
+        self._most = most
+        self._countdown = self._rng.randint(1, most)
+        self.sent = 0
+
+    def _local(self, frame: FrameType, event: str, arg: object) -> object:
+        if event == "line":
+            self._countdown -= 1
+            if self._countdown <= 0:
+                self._countdown = self._rng.randint(1, self._most)
+                self.sent += 1
+                _thread.interrupt_main()
+        return self._local
+
+    def _global(self, frame: FrameType, event: str, arg: object) -> object:
+        return self._local if frame.f_code.co_filename in self._files else None
+
+    def __enter__(self) -> SigintAtRandomLines:
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.settrace(None)
+
+
+def settle_interrupts(seconds: float = 0.003) -> int:
+    """Let interrupts still on their way arrive here; return how many did."""
+    caught = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.001)
+        except KeyboardInterrupt:
+            caught += 1
+    return caught
+
+
+@pytest.fixture
+def sigint_at_random_lines() -> type[SigintAtRandomLines]:
+    """The SIGINT injector (:class:`SigintAtRandomLines`), for the interrupt tests."""
+    return SigintAtRandomLines
+
+
+@pytest.fixture
+def settle() -> Callable[[float], int]:
+    """:func:`settle_interrupts`: catch the interrupts still on their way."""
+    return settle_interrupts

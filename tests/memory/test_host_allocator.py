@@ -7,16 +7,14 @@ streams that used a block, ``empty_host_cache``, ``host_memory_stats()`` after e
 
 from __future__ import annotations
 
-import _thread
 import ctypes
 import gc
 import os
 import random
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
-from types import FrameType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -573,59 +571,26 @@ def test_driver_errors_leave_the_allocator_consistent(
 
 
 # ---------------------------------------------------------------------- interrupts
+if TYPE_CHECKING:
+    from conftest import SigintAtRandomLines
+
 _HOST_FILES = {
     os.path.join(os.path.dirname(acc.memory.__file__), name)
     for name in ("_host.py", "_host_buffer.py", "_segments.py", "_stats.py")
 }
 
 
-class _SigintInHostCode:
-    """While active, a SIGINT arrives every few dozen lines run in the host allocator's modules
-    (``_thread.interrupt_main()`` from a trace function), in the middle of its calls."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-        self._countdown = self._rng.randint(1, 40)
-        self.sent = 0
-
-    def _local(self, frame: FrameType, event: str, arg: object) -> object:
-        if event == "line":
-            self._countdown -= 1
-            if self._countdown <= 0:
-                self._countdown = self._rng.randint(1, 40)
-                self.sent += 1
-                _thread.interrupt_main()
-        return self._local
-
-    def _global(self, frame: FrameType, event: str, arg: object) -> object:
-        return self._local if frame.f_code.co_filename in _HOST_FILES else None
-
-    def __enter__(self) -> _SigintInHostCode:
-        sys.settrace(self._global)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        sys.settrace(None)
-
-
-def _settle(seconds: float = 0.003) -> int:
-    caught = 0
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            time.sleep(0.001)
-        except KeyboardInterrupt:
-            caught += 1
-    return caught
-
-
-def test_keyboard_interrupts_leave_the_host_allocator_consistent(sim: str) -> None:
+def test_keyboard_interrupts_leave_the_host_allocator_consistent(
+    sim: str,
+    sigint_at_random_lines: type[SigintAtRandomLines],
+    settle: Callable[[float], int],
+) -> None:
     acc.empty_host(1).free()
     allocator = acc.memory.get_host_allocator()
     rng = random.Random(14)
     live: list[acc.HostBuffer] = []
     interrupts = 0
-    injector = _SigintInHostCode(3)
+    injector = sigint_at_random_lines(_HOST_FILES, 3, most=40)
     for _ in range(800):
         try:
             with injector:
@@ -638,8 +603,8 @@ def test_keyboard_interrupts_leave_the_host_allocator_consistent(sim: str) -> No
                     acc.empty_host_cache()
         except KeyboardInterrupt:
             interrupts += 1
-        interrupts += _settle()
-    interrupts += _settle(0.5)
+        interrupts += settle(0.003)
+    interrupts += settle(0.5)
     assert injector.sent >= 400 and interrupts > 50  # host calls were interrupted
     gc.collect()  # buffers dropped by an interrupt between a call and the list are freed
     blocks, cached = allocator.blocks(), allocator.cached_blocks()

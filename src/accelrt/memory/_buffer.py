@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._device import Device
 from ._atomic import PENDING, deliver, register
@@ -16,17 +16,78 @@ if TYPE_CHECKING:
     from ._allocator import CachingAllocator
     from ._block import Block
 
-__all__ = ["Buffer"]
+__all__ = ["ArrayOwner", "Buffer", "MemoryHandle"]
+
+_H = TypeVar("_H", bound="MemoryHandle")
 
 
-class _HostArrayInterface:
-    """Exposes device memory to numpy while keeping the owning Buffer alive."""
+class ArrayOwner:
+    """Exposes memory to numpy while keeping the owning buffer alive (Buffer, HostBuffer)."""
 
     __slots__ = ("__array_interface__", "owner")
 
     def __init__(self, interface: dict[str, Any], owner: object) -> None:
         self.__array_interface__ = interface
         self.owner = owner
+
+
+class MemoryHandle:
+    """What :class:`Buffer` and ``HostBuffer`` share: use as a context manager, ``len``, the
+    DLPack export of ``numpy()``, and a finaliser that gives the block back without
+    re-entering an allocator."""
+
+    __slots__ = ()
+    nbytes: int
+
+    if TYPE_CHECKING:
+
+        def free(self) -> None: ...
+        def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As ``numpy()``: memory that is not host-accessible, or freed.
+        """
+        return self.numpy().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Return ``(kDLCPU, 0)``: the memory is exported as CPU memory."""
+        return (1, 0)
+
+    def __enter__(self: _H) -> _H:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __del__(self) -> None:
+        # A finaliser may run anywhere, even inside an allocator call on this thread (the
+        # garbage collector runs when objects are made): free_soon never re-enters one.
+        handle: Any = self  # a Buffer or HostBuffer: both have _block and _allocator
+        try:  # no imports in __del__: it may run at interpreter exit
+            block, handle._block = handle._block, None
+            if block is not None and handle._allocator is not None:
+                handle._allocator.free_soon(block)
+        except Exception:  # __del__ never raises
+            pass
+        finally:  # atomic (a KeyboardInterrupt here would be dropped with the free undone)
+            if PENDING.flag:
+                deliver()
+
+
+register(MemoryHandle.__del__)
 
 
 class _BufferFields:
@@ -59,22 +120,8 @@ class _BufferFields:
             if PENDING.flag:
                 deliver()
 
-    def __del__(self) -> None:
-        # A finaliser may run anywhere, even inside an allocator call on this thread (the
-        # garbage collector runs when objects are made): free_soon never re-enters one.
-        try:  # no imports in __del__: it may run at interpreter exit
-            block, self._block = self._block, None
-            if block is not None and self._allocator is not None:
-                self._allocator.free_soon(block)
-        except Exception:  # __del__ never raises
-            pass
-        finally:  # atomic (a KeyboardInterrupt here would be dropped with the free undone)
-            if PENDING.flag:
-                deliver()
-
 
 register(_BufferFields.free)
-register(_BufferFields.__del__)
 
 if TYPE_CHECKING or native is None:  # noqa: SIM108 (mypy types the first branch)
     _Base = _BufferFields
@@ -82,7 +129,7 @@ else:
     _Base = native.BufferCore
 
 
-class Buffer(_Base):
+class Buffer(_Base, MemoryHandle):
     """A block of device memory handed out by ``accelrt.empty``.
 
     Attributes
@@ -181,35 +228,7 @@ class Buffer(_Base):
                 f"memory of {device} is not host-accessible; copy it with accelrt.copy_(host, buf)"
             )
         array = np.frombuffer(view, dtype=np.uint8)
-        return np.asarray(_HostArrayInterface(array.__array_interface__, (self, array)))
-
-    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
-        """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
-
-        Raises
-        ------
-        TypeError
-            If the device's memory is not host-accessible.
-        """
-        return self.numpy().__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        """Return ``(kDLCPU, 0)``: host-accessible device memory is exported as CPU memory."""
-        return (1, 0)
-
-    def __enter__(self) -> Buffer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.free()
-
-    def __len__(self) -> int:
-        return self.nbytes
+        return np.asarray(ArrayOwner(array.__array_interface__, (self, array)))
 
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ctypes
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._device import Device
 from ._atomic import PENDING, deliver, register
+from ._buffer import ArrayOwner, MemoryHandle
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,17 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["HostBuffer"]
 
 
-class _ArrayOwner:
-    """Exposes host memory to numpy while keeping the owning HostBuffer alive."""
-
-    __slots__ = ("__array_interface__", "owner")
-
-    def __init__(self, interface: dict[str, Any], owner: object) -> None:
-        self.__array_interface__ = interface
-        self.owner = owner
-
-
-class HostBuffer:
+class HostBuffer(MemoryHandle):
     """Host memory handed out by ``accelrt.empty_host`` (pinned where the backend can pin).
 
     Attributes
@@ -218,7 +208,7 @@ class HostBuffer:
         if self.nbytes == 0:
             return np.empty(0, dtype=np.uint8)
         array = np.frombuffer(self._memoryview(), dtype=np.uint8)
-        return np.asarray(_ArrayOwner(array.__array_interface__, (self, array)))
+        return np.asarray(ArrayOwner(array.__array_interface__, (self, array)))
 
     def __buffer__(self, flags: int) -> memoryview:
         """The buffer protocol (PEP 688, Python 3.12+): a writable 1-D ``uint8`` view.
@@ -227,34 +217,6 @@ class HostBuffer:
         """
         return self._memoryview()
 
-    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
-        """Export the memory as a DLPack capsule (``uint8``, 1-D, CPU) for zero-copy consumers.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed.
-        """
-        return self.numpy().__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        """Return ``(kDLCPU, 0)``: host memory is exported as CPU memory."""
-        return (1, 0)
-
-    def __enter__(self) -> HostBuffer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.free()
-
-    def __len__(self) -> int:
-        return self.nbytes
-
     def __repr__(self) -> str:
         state = ", freed" if self.freed else ""
         return (
@@ -262,19 +224,5 @@ class HostBuffer:
             f"pinned={self._pinned}{state})"
         )
 
-    def __del__(self) -> None:
-        # A finaliser may run anywhere, even inside an allocator call on this thread (the
-        # garbage collector runs when objects are made): free_soon never re-enters one.
-        try:  # no imports in __del__: it may run at interpreter exit
-            block, self._block = self._block, None
-            if block is not None and self._allocator is not None:
-                self._allocator.free_soon(block)
-        except Exception:  # __del__ never raises
-            pass
-        finally:  # atomic (a KeyboardInterrupt here would be dropped with the free undone)
-            if PENDING.flag:
-                deliver()
-
 
 register(HostBuffer.free)
-register(HostBuffer.__del__)
