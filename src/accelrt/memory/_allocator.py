@@ -86,13 +86,14 @@ class CachingAllocator:
     and give them back to :meth:`free`. Mirrors c10's ``DeviceCachingAllocator``.
     """
 
-    #: The types of blocks, free lists and statistics. The compiled core (memory/_core.py)
-    #: supplies compiled ones with the same attributes, which the code here uses through these
-    #: names.
+    #: The types of blocks, free lists, statistics and the map of allocated blocks by address.
+    #: The compiled core (memory/_core.py) supplies compiled ones with the same attributes,
+    #: which the code here uses through these names.
     _Block: type[Block] = Block
     _BlockPool: type[BlockPool] = BlockPool
     _Stat: type[Stat] = Stat
     _StatArray: type[StatArray] = StatArray
+    _ActiveBlocks: type[dict[int, Block]] = dict
 
     def __init__(
         self, backend: Backend, device_index: int, config: AllocatorConfig | None = None
@@ -106,7 +107,7 @@ class CachingAllocator:
         self._large = self._BlockPool(is_small=False)
         self._private: dict[PoolId, _PrivatePool] = {}
         self._routes: dict[int, list[PoolId]] = {}  # thread id -> stack of active pool ids
-        self._active: dict[int, Block] = {}
+        self._active: dict[int, Block] = self._ActiveBlocks()
         self._segments: dict[int, AnySegment] = {}
         self._events: dict[int, deque[tuple[Any, Block]]] = {}
         self._idle_events: list[Any] = []

@@ -55,6 +55,7 @@ def _native_allocator(module: Any) -> type[ReferenceCachingAllocator]:
         _BlockPool = module.BlockPool
         _Stat = module.Stat
         _StatArray = module.StatArray
+        _ActiveBlocks = module.ActiveBlocks
 
     # The Python paths the compiled hit path calls: a KeyboardInterrupt inside them waits for
     # the operation to end (memory/_atomic.py), as it does inside the Python hot path.

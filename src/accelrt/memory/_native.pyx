@@ -35,7 +35,7 @@ from ._atomic import PENDING, deliver
 from ._block import DEFAULT_POOL_ID
 from ._segments import ExpandableSegment
 
-__all__ = ["Block", "BlockPool", "HotPath", "Stat", "StatArray"]
+__all__ = ["ActiveBlocks", "Block", "BlockPool", "BufferCore", "HotPath", "Stat", "StatArray"]
 
 cdef object _DEFAULT_POOL_ID = DEFAULT_POOL_ID
 cdef int64_t K_MIN_BLOCK_SIZE = 512
@@ -394,6 +394,71 @@ cdef class BlockPool:
         return self._unmapped.size()
 
 
+@cython.final
+cdef class ActiveBlocks:
+    """The allocated and pending-free blocks by address, in a C++ hash map.
+
+    What the Python code calls ``_active`` (a dict there): ``get``, item assignment and
+    deletion, ``values`` and ``len``. It holds a reference to each block.
+    """
+
+    cdef unordered_map[int64_t, BlockRef] _map
+
+    def __dealloc__(self):
+        self.clear()
+
+    cdef void clear(self) noexcept:
+        for item in self._map:
+            Py_DECREF(<object>item.second)
+        self._map.clear()
+
+    cdef inline int put(self, Block block) except -1:
+        cdef unordered_map[int64_t, BlockRef].iterator found = self._map.find(block.address)
+        Py_INCREF(block)
+        if found != self._map.end():
+            Py_DECREF(<object>deref(found).second)
+            deref(found).second = <PyObject*>block
+        else:
+            self._map[block.address] = <PyObject*>block
+        return 0
+
+    cdef inline PyObject* find(self, int64_t address) noexcept:
+        cdef unordered_map[int64_t, BlockRef].iterator found = self._map.find(address)
+        if found == self._map.end():
+            return NULL
+        return deref(found).second
+
+    cdef inline bint discard(self, int64_t address) noexcept:
+        cdef unordered_map[int64_t, BlockRef].iterator found = self._map.find(address)
+        if found == self._map.end():
+            return False
+        cdef PyObject* block = deref(found).second
+        self._map.erase(found)
+        Py_DECREF(<object>block)
+        return True
+
+    def get(self, int64_t address, default=None):
+        """Return the block at ``address``, or ``default``."""
+        cdef PyObject* block = self.find(address)
+        return default if block == NULL else <Block>block
+
+    def __setitem__(self, int64_t address, Block block not None):
+        if address != block.address:
+            raise ValueError(f"block at {block.address:#x} filed under {address:#x}")
+        self.put(block)
+
+    def __delitem__(self, int64_t address):
+        if not self.discard(address):
+            raise KeyError(address)
+
+    def values(self):
+        """Return the blocks (in no particular order)."""
+        return [<Block>item.second for item in self._map]
+
+    def __len__(self):
+        return self._map.size()
+
+
 # ---------------------------------------------------------------------- the hit path
 cdef int64_t _request_bytes(object nbytes) except -1:
     """A request's size in bytes, checked as CachingAllocator.malloc checks it."""
@@ -424,7 +489,8 @@ cdef class HotPath:
 
     cdef public object _lock  # a fastrlock.FastRLock: no Python call when uncontended
     cdef public BlockPool _small, _large
-    cdef public dict _active, _routes, _events
+    cdef public ActiveBlocks _active
+    cdef public dict _routes, _events
     cdef public list _finalized
     cdef public object _allowed_max, _observer
     cdef public bint _expandable
@@ -447,6 +513,8 @@ cdef class HotPath:
             self._small.drop_all()
         if self._large is not None:
             self._large.drop_all()
+        if self._active is not None:
+            self._active.clear()
 
     def _make_lock(self):
         return self._lock
@@ -660,7 +728,7 @@ cdef class HotPath:
             self._inactive_split.down(is_small, 1)
         block.allocated = True
         block.requested_size = nbytes
-        self._active[block.address] = block
+        self._active.put(block)
         self._allocation.up(is_small, 1)
         self._allocated_bytes.up(is_small, block.size)
         self._active_count.up(is_small, 1)
@@ -679,7 +747,7 @@ cdef class HotPath:
         cdef bint is_small
         lock_fastrlock(self._lock, -1, True)
         try:
-            if self._active.get(block.address) is not block or not block.allocated:
+            if self._active.find(block.address) != <PyObject*>block or not block.allocated:
                 raise ValueError(
                     f"{self.device_name}: block at {block.address:#x} is not allocated by this "
                     "allocator (freed twice, or from another device)"
@@ -722,7 +790,7 @@ cdef class HotPath:
         if self._observer is not None:
             ran_python = True
             self._observer.record("free_completed", block.address, requested, block.stream, block)
-        del self._active[block.address]
+        self._active.discard(block.address)
         subsumed = _merge(block, block.prev, pool)
         if subsumed:
             split_blocks_change -= 1
@@ -816,7 +884,8 @@ cdef class BufferCore:
 
     def free(self):
         """Give the memory back to the caching allocator. Freeing twice does nothing."""
-        block, self._block = self._block, None
+        block = self._block
+        self._block = None
         if block is None or self._allocator is None:
             return
         if isinstance(self._allocator, HotPath):
@@ -827,28 +896,71 @@ cdef class BufferCore:
     def __del__(self):
         # A finaliser may run anywhere, even inside an allocator call on this thread (the
         # garbage collector runs when objects are made): free_soon never re-enters one.
-        block, self._block = self._block, None
-        if block is not None and self._allocator is not None:
+        block = self._block
+        if block is None:
+            return
+        self._block = None
+        if self._allocator is not None:
             try:
                 self._allocator.free_soon(block)
             except Exception:  # a finaliser never raises
                 pass
 
 
-cdef object _state_epoch = None  # accelrt._runtime.STATE_EPOCH
+@cython.final
+cdef class Epoch:
+    """``accelrt._runtime.STATE_EPOCH`` where the compiled core runs: the same ``value`` and
+    ``bump()``, readable from C (see :func:`install_empty`)."""
+
+    cdef public int64_t value
+
+    def __init__(self, int64_t value=0):
+        self.value = value
+
+    def bump(self):
+        """Invalidate every cached lookup."""
+        self.value += 1
+
+
+@cython.final
+cdef class _Current:
+    """One thread's cached lookups for ``empty(n)``: valid while the epoch is unchanged."""
+
+    cdef int64_t epoch
+    cdef HotPath allocator
+    cdef object stream
+    cdef int64_t handle
+
+
+cdef Epoch _state_epoch = Epoch()
 cdef object _buffer_type = None  # accelrt.memory.Buffer
 cdef object _reference_empty = None  # memory/_api.py's empty: every case but the common one
 cdef str _CACHE_KEY = "accelrt.memory.empty"
 
 
-def install_empty(state_epoch, buffer_type, reference_empty):
-    """Give :func:`empty` what it needs; memory/_api.py calls this once."""
+def install_empty(runtime, buffer_type, reference_empty):
+    """Give :func:`empty` what it needs; memory/_api.py calls this once.
+
+    ``runtime`` is ``accelrt._runtime``: its ``STATE_EPOCH`` is replaced by an :class:`Epoch`
+    with the same value, which the runtime bumps as before and this module reads from C.
+    """
     global _state_epoch, _buffer_type, _reference_empty
-    _state_epoch, _buffer_type, _reference_empty = state_epoch, buffer_type, reference_empty
+    _state_epoch = Epoch(runtime.STATE_EPOCH.value)
+    runtime.STATE_EPOCH = _state_epoch
+    _buffer_type, _reference_empty = buffer_type, reference_empty
 
 
-cdef extern from "Python.h":
+cdef extern from *:
+    """
+    // A new instance of a heap subclass of BufferCore, as its tp_new makes it (no __init__).
+    static inline PyObject* accelrt_new_instance(PyObject* type) {
+        static PyObject* no_args = NULL;
+        if (no_args == NULL && (no_args = PyTuple_New(0)) == NULL) return NULL;
+        return ((PyTypeObject*)type)->tp_new((PyTypeObject*)type, no_args, NULL);
+    }
+    """
     PyObject* PyThreadState_GetDict()
+    object accelrt_new_instance(object type)
 
 
 def empty(nbytes, *, device=None, stream=None):
@@ -860,27 +972,26 @@ def empty(nbytes, *, device=None, stream=None):
     ``accelrt._runtime.STATE_EPOCH`` is unchanged; every other call is the Python function's.
     """
     cdef dict thread_dict
-    cdef tuple entry
+    cdef _Current current
     cdef int64_t n
-    cdef HotPath allocator
     cdef BufferCore buffer
+    cdef Block block
     if device is None and stream is None and type(nbytes) is int:
         thread_dict = <dict>PyThreadState_GetDict()
         cached = thread_dict.get(_CACHE_KEY)
         if cached is not None and 0 < nbytes <= K_MAX_REQUEST_BYTES:
-            entry = <tuple>cached
-            if entry[0] == _state_epoch.value:
+            current = <_Current>cached
+            if current.epoch == _state_epoch.value:
                 n = nbytes
-                allocator = <HotPath>entry[1]
-                block = allocator.malloc_c(n, entry[3])
-                buffer = BufferCore.__new__(_buffer_type)
-                buffer._allocator = allocator
+                block = current.allocator.malloc_c(n, current.handle)
+                buffer = <BufferCore>accelrt_new_instance(_buffer_type)
+                buffer._allocator = current.allocator
                 buffer._block = block
-                buffer._stream = entry[2]
+                buffer._stream = current.stream
                 buffer.nbytes = nbytes
-                buffer.ptr = (<Block>block).address
+                buffer.ptr = block.address
                 return buffer
-    epoch = _state_epoch.value
+    cdef int64_t epoch = _state_epoch.value
     result = _reference_empty(nbytes, device=device, stream=stream)
     if (
         device is None
@@ -888,7 +999,11 @@ def empty(nbytes, *, device=None, stream=None):
         and isinstance(result, BufferCore)
         and isinstance((<BufferCore>result)._allocator, HotPath)
     ):
+        current = _Current.__new__(_Current)
+        current.epoch = epoch
+        current.allocator = (<BufferCore>result)._allocator
+        current.stream = (<BufferCore>result)._stream
+        current.handle = current.stream._handle
         thread_dict = <dict>PyThreadState_GetDict()
-        used = (<BufferCore>result)._stream
-        thread_dict[_CACHE_KEY] = (epoch, (<BufferCore>result)._allocator, used, used._handle)
+        thread_dict[_CACHE_KEY] = current
     return result
