@@ -125,6 +125,8 @@ def test_cli_info_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"opencl", "sim"} <= set(data["registered_backends"])
     for dev in data["devices"]:
         assert dev["total_memory_bytes"] > 0
+    assert {"sim:0", "sim:1"} <= {dev["device"] for dev in data["devices"]}  # listed unchosen
+    assert data["allocator_core"]["core"] in ("compiled", "python")
 
 
 def test_cli_as_subprocess() -> None:
@@ -188,3 +190,31 @@ def test_impossible_requests_and_capacities(tmp_path: Path) -> None:
     report = replay(load(path))
     assert [(o.event, o.requested_bytes) for o in report.ooms] == [(0, 1 << 61)]
     assert report.num_ooms == 1 and report.peak_requested_bytes == 100
+
+
+def test_replay_takes_a_real_pytorch_alloc_conf(capsys: pytest.CaptureFixture[str]) -> None:
+    """Keys the policy does not depend on (backend, pinned_*) are reported and left out."""
+    conf = "backend:native,expandable_segments:True,pinned_use_background_threads:True"
+    assert main(["replay", str(EXAMPLE), "--device", "sim", "--json", "--config", conf]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["config"] == "expandable_segments:True"
+    assert captured.err == (
+        f"accelrt: ignored in {repr(conf)[:57]}...: backend:native, "
+        "pinned_use_background_threads:True (the device allocator's policy does not depend on "
+        "them)\n"
+    )
+
+
+def test_replay_defaults_to_accelrt_alloc_conf(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ACCELRT_ALLOC_CONF", "max_split_size_mb:64")
+    assert main(["replay", str(EXAMPLE), "--device", "sim", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"] == "max_split_size_mb:64"
+    assert main(["replay", str(EXAMPLE), "--device", "sim", "--json", "--config", ""]) == 0
+    assert json.loads(capsys.readouterr().out)["config"] == "defaults"  # --config wins
+    monkeypatch.setenv("ACCELRT_ALLOC_CONF", "bogus:1")
+    assert main(["replay", str(EXAMPLE), "--device", "sim"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("accelrt replay: error: ACCELRT_ALLOC_CONF: unknown allocator setting")
+    assert err.count("\n") == 1

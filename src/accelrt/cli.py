@@ -104,12 +104,39 @@ def _capacity_arg(text: str) -> int:
 
 
 def _config_arg(text: str) -> str:
+    """A ``--config``: accelrt's syntax, or a real PYTORCH_CUDA_ALLOC_CONF string verbatim
+    (keys the allocator's policy does not depend on are set aside by :func:`_modelled`)."""
     from .memory._config import AllocatorConfig
 
     try:
-        AllocatorConfig.parse(text)
+        AllocatorConfig.parse_torch(text)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(f"{exc} (in {_shown(text)})") from None
+    return text
+
+
+def _modelled(text: str) -> str:
+    """``text`` without the PyTorch keys accelrt does not model, saying on stderr which went."""
+    from .memory._config import AllocatorConfig
+
+    config, ignored = AllocatorConfig.parse_torch(text)
+    if not ignored:
+        return text
+    print(
+        f"accelrt: ignored in {_shown(text)}: {', '.join(ignored)} (the device allocator's "
+        "policy does not depend on them)",
+        file=sys.stderr,
+    )
+    return config.describe() if config.describe() != "defaults" else ""
+
+
+def _default_config() -> str:
+    """``ACCELRT_ALLOC_CONF`` (checked; the CLI error names the variable), else the defaults."""
+    text = os.environ.get("ACCELRT_ALLOC_CONF", "")
+    try:
+        _config_arg(text)
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"ACCELRT_ALLOC_CONF: {exc}") from None
     return text
 
 
@@ -236,9 +263,7 @@ def _info_data() -> dict[str, Any]:
                 reason = f"cannot be loaded: {exc}"
             if reason:
                 data["unavailable_backends"][name] = str(reason)
-    for name in data["available_backends"]:
-        if name == "sim" and accelerator != "sim":
-            continue  # the simulated device is listed only when chosen
+    for name in data["available_backends"]:  # the simulated devices too: replays use them
         backend = get_backend(name)
         for index in range(backend.device_count()):
             props = backend.get_device_properties(index)
@@ -352,7 +377,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     device = args.device or ("sim" if trace.recording is not None else _default_device())
     if args.device is None:
         _check_device(device, args.capacity)
-    configs: list[str | None] = list(args.config or [None if trace.recording else ""])
+    # a recording replays with its own settings unless told; a trace with ACCELRT_ALLOC_CONF's
+    configs: list[str | None] = [_modelled(c) for c in args.config or ()] or [
+        None if trace.recording else _modelled(_default_config())
+    ]
     reports: list[ReplayReport] = []
     show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
     pictures = bool(getattr(args, "html", None) or getattr(args, "png", None))
@@ -557,7 +585,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
         results = sweep(
             args.trace,
-            args.config or [],
+            [_modelled(c) for c in args.config or []],
             grid=args.grid or [],
             capacities=args.capacity or None,
             find_capacity=args.find_capacity,
@@ -869,7 +897,7 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
     from .view import diff_text
 
     files: list[str] = args.files
-    configs: list[str | None] = list(args.config or [])
+    configs: list[str | None] = [_modelled(c) for c in args.config or []]
     if len(files) > 2:
         raise CliError(f"snapshot diff compares two runs, got {len(files)} files; give A B")
     if len(files) == 1:

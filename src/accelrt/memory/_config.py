@@ -30,6 +30,18 @@ _DIGITS_RE = re.compile(r"[0-9]{1,30}", re.ASCII)
 _DECIMAL_RE = re.compile(
     r"(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?", re.ASCII
 )
+UNMODELLED_TORCH_KEYS = (
+    "backend",
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+    "pinned_reserve_segment_size_mb",
+    "graph_capture_record_stream_reuse",
+)
+"""Keys PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` takes that the device allocator's policy does not
+depend on (the allocator backend, host-allocator and graph-capture knobs, the lock)."""
 _KEYS = (
     "max_split_size_mb",
     "max_non_split_rounding_mb",
@@ -111,6 +123,32 @@ class AllocatorConfig:
         for key, value in _tokenize(text):
             updates[key] = value
         return cls.coerce(updates, base=base)
+
+    @classmethod
+    def parse_torch(cls, text: str) -> tuple[AllocatorConfig, list[str]]:
+        """Parse a real ``PYTORCH_CUDA_ALLOC_CONF`` string, setting aside what is not modelled.
+
+        Returns
+        -------
+        (AllocatorConfig, list of str)
+            The settings, and the ``key:value`` items left out because the device allocator
+            does not depend on them (``UNMODELLED_TORCH_KEYS``: ``backend``, ``pinned_*``...).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`parse`, for everything else.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"allocator settings must be a string, got {text!r}")
+        kept: dict[str, Any] = {}
+        ignored: list[str] = []
+        for key, value in _tokenize(text):
+            if key in UNMODELLED_TORCH_KEYS:
+                ignored.append(f"{key}:{value}")
+            else:
+                kept[key] = value
+        return cls.coerce(kept), ignored
 
     @classmethod
     def coerce(
