@@ -19,7 +19,7 @@ hit path is atomic by construction. Where it calls back into Python (the slow pa
 functions are registered with memory/_atomic.py by memory/_core.py, as the Python hot path is.
 """
 
-from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_REFCNT, PyObject
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t
 from libcpp.map cimport map as cmap
 from libcpp.unordered_map cimport unordered_map
@@ -171,9 +171,18 @@ cdef class Block:
         return f"Block(address={self.address:#x}, size={self.size}, stream={self.stream}, {state})"
 
 
-cdef inline Block _split_block(Block whole, int64_t size):
-    """A new block for the first ``size`` bytes of ``whole`` (same stream, pool, segment)."""
-    cdef Block block = Block.__new__(Block)
+cdef inline Block _split_block(Block whole, int64_t size, Block spare):
+    """A block for the first ``size`` bytes of ``whole`` (same stream, pool, segment): ``spare``
+    (a merged-away block nothing else refers to, reset here) or a new one."""
+    cdef Block block
+    if spare is None:
+        block = Block.__new__(Block)
+    else:
+        block = spare
+        block.requested_size = 0
+        block.gc_count_base = 0
+        block.stream_uses = None
+        block.frames = None  # not allocated, no events, unlinked: as _merge leaves it
     block.address = whole.address
     block.size = size
     block.stream = whole.stream
@@ -501,6 +510,7 @@ cdef class HotPath:
     cdef StatArray _allocation, _allocated_bytes, _active_count, _active_bytes
     cdef StatArray _requested_bytes, _inactive_split, _inactive_split_bytes
     cdef Stat _oversize_allocations
+    cdef Block _spare  # a merged-away block to reuse (keep_spare)
 
     def __cinit__(self, *args, **kwargs):
         self._lock = create_fastrlock()
@@ -709,7 +719,8 @@ cdef class HotPath:
             split = size < self._max_split_c and remaining_bytes > K_SMALL_SIZE
         if split:
             remaining = block
-            block = _split_block(remaining, size)
+            block = _split_block(remaining, size, self._spare)
+            self._spare = None
             block.prev = remaining.prev
             if block.prev is not None:
                 block.prev.next = block
@@ -791,14 +802,18 @@ cdef class HotPath:
             ran_python = True
             self._observer.record("free_completed", block.address, requested, block.stream, block)
         self._active.discard(block.address)
-        subsumed = _merge(block, block.prev, pool)
+        cdef Block neighbour = block.prev
+        subsumed = _merge(block, neighbour, pool)
         if subsumed:
             split_blocks_change -= 1
             split_bytes_change -= subsumed
-        subsumed = _merge(block, block.next, pool)
+            self.keep_spare(neighbour)
+        neighbour = block.next
+        subsumed = _merge(block, neighbour, pool)
         if subsumed:
             split_blocks_change -= 1
             split_bytes_change -= subsumed
+            self.keep_spare(neighbour)
         pool.add(block)
         if not block._expandable:  # inactive_split skips expandable segments
             if block.prev is not None or block.next is not None:
@@ -819,6 +834,12 @@ cdef class HotPath:
             ran_python = True
             self._release_dropped_pool_cache(pool.pool_id)
         return ran_python
+
+    cdef inline void keep_spare(self, Block merged) noexcept:
+        """Keep a merged-away block for the next split if nothing else refers to it (the
+        caller's variable is its one reference): a split then makes no new object."""
+        if Py_REFCNT(merged) == 1:
+            self._spare = merged
 
     @staticmethod
     def _try_merge(Block dst not None, Block src, BlockPool pool not None):
