@@ -887,9 +887,12 @@ class CachingAllocator:
         with self._lock:
             if self._finalized:
                 self._free_finalized()
-            self._release_cached_blocks()
-            for pool in self._all_pools():
-                self._release_unused_ranges(pool)
+            try:
+                self._release_cached_blocks()
+                for pool in self._all_pools():
+                    self._release_unused_ranges(pool)
+            finally:  # a driver error half-way may have emptied a dropped pool already
+                self._forget_dropped_pools()
             for event in self._idle_events:
                 self.backend.event_destroy(event)
             self._idle_events.clear()
@@ -902,11 +905,21 @@ class CachingAllocator:
 
     def _release_cached_blocks(self) -> None:
         self._synchronize_and_free_events()
-        for pool in self._all_pools():
-            self._release_pool_blocks(pool)
+        try:
+            for pool in self._all_pools():
+                self._release_pool_blocks(pool)
+            for pool_id, private in list(self._private.items()):
+                if not private.owner_alive:  # its last segment may have gone just now
+                    self._release_if_abandoned(pool_id)
+        finally:  # a driver error in a later pool must not leave an emptied dropped pool known
+            self._forget_dropped_pools()
+
+    def _forget_dropped_pools(self) -> None:
+        """Forget the dropped pools that hold no segment (no device call: it cannot fail)."""
+        in_use = {segment.pool.pool_id for segment in self._segments.values()}
         for pool_id, private in list(self._private.items()):
-            if not private.owner_alive:  # its last segment may have gone just now
-                self._release_if_abandoned(pool_id)
+            if not private.owner_alive and pool_id not in in_use:
+                del self._private[pool_id]
 
     def _release_pool_blocks(self, pool: BlockPool) -> None:
         """Release the pool's unsplit ordinary segments and unmap its expandable free pages."""
@@ -1097,11 +1110,12 @@ class CachingAllocator:
         private = self._private[pool_id]
         if private.owner_alive:
             return
-        for pool in (private.large, private.small):  # nothing can allocate from it any more
-            self._release_pool_blocks(pool)
-            self._release_unused_ranges(pool)
-        if not any(s.pool.pool_id == pool_id for s in self._segments.values()):
-            del self._private[pool_id]
+        try:
+            for pool in (private.large, private.small):  # nothing can allocate from it any more
+                self._release_pool_blocks(pool)
+                self._release_unused_ranges(pool)
+        finally:
+            self._forget_dropped_pools()
 
     def pool_ids(self) -> list[PoolId]:
         """Return the ids of the private pools that still exist on this device."""
