@@ -31,6 +31,7 @@ from ._device import Device as Device
 from ._device import DeviceProperties as DeviceProperties
 from ._errors import AcceleratorError as AcceleratorError
 from ._errors import OutOfMemoryError as OutOfMemoryError
+from ._graph import Graph as Graph
 from ._stream import Event as Event
 from ._stream import Stream as Stream
 from ._stream import current_stream as current_stream
@@ -86,6 +87,7 @@ __all__ = [
     "Device",
     "DeviceProperties",
     "Event",
+    "Graph",
     "HostBuffer",
     "OutOfMemoryError",
     "Stream",

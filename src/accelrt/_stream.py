@@ -8,6 +8,7 @@ default stream (handle 0).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -25,6 +26,7 @@ class _ThreadState(threading.local):
 
     stack: list[tuple[int, Stream]] | None = None
     streams: dict[tuple[str, int], Stream] | None = None
+    current: tuple[int, Stream] | None = None  # (runtime epoch, current_stream()'s answer)
 
 
 _local = _ThreadState()
@@ -74,38 +76,59 @@ class Stream:
         self._owned = True
 
     @classmethod
-    def from_handle(cls, handle: int, device: DeviceLike = None) -> Stream:
-        """Rebuild a ``Stream`` from its backend handle and device.
+    def from_handle(cls, handle: Any, device: DeviceLike = None) -> Stream:
+        """Rebuild a ``Stream`` from its backend handle and device, or wrap a foreign stream.
 
         Parameters
         ----------
-        handle : int
-            A stream's ``handle`` (0 is the device's default stream).
+        handle : int or object with ``__cuda_stream__``
+            A stream's ``handle`` (0 is the device's default stream), or, on the ``cuda``
+            backend, any object implementing the CUDA stream protocol: a ``__cuda_stream__()``
+            method returning ``(0, native CUstream as int)`` (PyTorch, CuPy and ``cuda.core``
+            streams; an attribute holding the tuple is accepted too, as early ``cuda.core``
+            had).
         device : int, str, Device or None
-            The stream's device; None for the current device.
+            The stream's device; None for the current device. The CUDA stream protocol does
+            not carry the device: pass it when the foreign stream is not on the current one.
 
         Returns
         -------
         Stream
             A stream equal to (and hashing as) the one the handle came from. It does not own
-            the handle: the original keeps the backend stream alive.
+            the handle: the original (or the foreign object) keeps the backend stream alive.
 
         Raises
         ------
         TypeError
-            If ``handle`` is not an int.
+            If ``handle`` is neither an int nor an object with ``__cuda_stream__``, if
+            ``__cuda_stream__`` does not give a ``(version, handle)`` pair of ints, or if the
+            object is a CUDA stream and the device is not a ``cuda`` device.
         ValueError
-            If ``handle`` is negative, or for a bad device argument. A handle that was never a
-            stream of that device fails when the stream is first used.
+            If the handle is negative, the protocol version is not 0, or for a bad device
+            argument. A handle that was never a stream of that device fails when the stream is
+            first used.
 
         Notes
         -----
         Mirrors ``torch.Stream(stream_id=..., device_index=..., device_type=...)`` and
-        ``cuda.core``'s ``Stream.from_handle``; handles pass between processes' threads and
-        libraries as plain ints.
+        ``cuda.core``'s ``Stream.from_handle`` / ``Device.create_stream(obj)``; handles pass
+        between threads and libraries as plain ints. The foreign object is not kept alive:
+        keep it (or its library's stream) alive while the ``Stream`` is used.
         """
+        if not isinstance(handle, int) and hasattr(handle, "__cuda_stream__"):
+            backend, index = _runtime.resolve_device(device)
+            if backend.name != "cuda":
+                raise TypeError(
+                    f"{type(handle).__name__} is a CUDA stream (it has __cuda_stream__), but the "
+                    f"device is {Device(backend.name, index)}; CUDA streams wrap only on the "
+                    "'cuda' backend (acc.backends.use('cuda'))"
+                )
+            return cls._wrap(backend, index, _cuda_stream_handle(handle))
         if isinstance(handle, bool) or not isinstance(handle, int):
-            raise TypeError(f"stream handle must be an int, got {handle!r}")
+            raise TypeError(
+                f"stream handle must be an int, got {handle!r} (or, on cuda, an object with "
+                "__cuda_stream__)"
+            )
         if handle < 0:
             raise ValueError(f"stream handle must be >= 0, got {handle}")
         backend, index = _runtime.resolve_device(device)
@@ -140,6 +163,28 @@ class Stream:
     def priority(self) -> int:
         """The priority the stream was created with."""
         return self._priority
+
+    @property
+    def __cuda_stream__(self) -> Callable[[], tuple[int, int]]:
+        """The CUDA stream protocol, on ``cuda`` streams only.
+
+        ``stream.__cuda_stream__()`` returns ``(0, handle)``: protocol version 0 and the native
+        ``CUstream`` as an int (0 for the legacy default stream), so PyTorch
+        (``torch.cuda.ExternalStream``), CuPy (``cupy.cuda.ExternalStream``) and ``cuda.core``
+        can use accelrt streams.
+
+        Raises
+        ------
+        AttributeError
+            On any other backend, so that ``hasattr(stream, "__cuda_stream__")`` is False
+            there, as consumers check.
+        """
+        if self._backend.name != "cuda":
+            raise AttributeError(
+                f"a stream of {self.device} is not a CUDA stream and has no __cuda_stream__"
+            )
+        handle = self._handle
+        return lambda: (0, handle)
 
     def query(self) -> bool:
         """Return True if all work submitted to the stream has completed. Does not block."""
@@ -344,6 +389,30 @@ class Event:
         return f"Event(device={self.device}, enable_timing={self._enable_timing})"
 
 
+def _cuda_stream_handle(obj: Any) -> int:
+    """The native ``CUstream`` of an object implementing the CUDA stream protocol."""
+    protocol = obj.__cuda_stream__
+    info = protocol() if callable(protocol) else protocol
+    if (
+        not isinstance(info, tuple)
+        or len(info) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in info)
+    ):
+        raise TypeError(
+            f"{type(obj).__name__}.__cuda_stream__() must return (version, handle) ints, "
+            f"got {info!r}"
+        )
+    version, handle = info
+    if version != 0:
+        raise ValueError(
+            f"{type(obj).__name__}.__cuda_stream__() has protocol version {version}; "
+            "accelrt understands version 0"
+        )
+    if handle < 0:
+        raise ValueError(f"{type(obj).__name__}.__cuda_stream__() gave handle {handle} < 0")
+    return int(handle)
+
+
 def _current(backend: Backend, index: int) -> Stream:
     streams = _local.streams
     stream = streams.get((backend.name, index)) if streams is not None else None
@@ -380,10 +449,19 @@ def current_stream(device: DeviceLike = None) -> Stream:
     -----
     Mirrors ``torch.accelerator.current_stream``.
     """
+    if device is None:  # the common call: this thread's answer, while nothing has changed
+        cached = _local.current
+        if cached is not None and cached[0] == _runtime.STATE_EPOCH.value:
+            return cached[1]
+        epoch = _runtime.STATE_EPOCH.value
     backend, index = _runtime.resolve_device(device)
     streams = _local.streams
     stream = streams.get((backend.name, index)) if streams is not None else None
-    return stream if stream is not None else _current(backend, index)
+    if stream is None:
+        stream = _current(backend, index)
+    if device is None:
+        _local.current = (epoch, stream)
+    return stream
 
 
 def set_stream(stream: Stream) -> None:

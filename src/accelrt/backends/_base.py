@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "BackendOutOfMemory",
+    "GraphCapture",
     "STORAGE_DTYPE_NAMES",
     "available_backends",
     "dtypes",
@@ -194,6 +195,37 @@ class Backend(Protocol):
 
     def synchronize(self, index: int) -> None:
         """Block until all work on every stream of the device has completed."""
+
+
+@runtime_checkable
+class GraphCapture(Protocol):
+    """The optional graph-capture capability (``accelrt.Graph``); the ``cuda`` backend has it.
+
+    A backend without these methods cannot capture: ``accelrt.Graph`` raises a
+    ``RuntimeError`` naming it. Graphs and executable graphs are opaque objects.
+    """
+
+    def graph_capture_begin(self, index: int, stream: int, mode: str) -> None:
+        """Start capturing the work submitted to ``stream`` instead of running it.
+
+        ``mode`` is ``"global"``, ``"thread_local"`` or ``"relaxed"`` (CUDA's
+        ``cudaStreamCaptureMode``).
+        """
+
+    def graph_capture_end(self, index: int, stream: int) -> Any:
+        """Stop capturing on ``stream`` and return the captured graph."""
+
+    def graph_instantiate(self, index: int, graph: Any) -> Any:
+        """Return an executable graph made from ``graph``."""
+
+    def graph_launch(self, index: int, executable: Any, stream: int) -> None:
+        """Submit an executable graph's work to ``stream``."""
+
+    def graph_destroy(self, index: int, graph: Any) -> None:
+        """Release a graph from ``graph_capture_end``."""
+
+    def graph_exec_destroy(self, index: int, executable: Any) -> None:
+        """Release an executable graph from ``graph_instantiate``."""
 
 
 def visible_devices(physical_count: int) -> list[int]:

@@ -20,7 +20,9 @@ Mapping of the runtime's concepts onto CUDA:
   page of the device's allocation granularity (``cuMemGetAllocationGranularity``, 2 MiB on
   current GPUs), one physical handle from ``cuMemCreate`` mapped with ``cuMemMap`` and made
   accessible with ``cuMemSetAccess``; unmapping waits for the device, then ``cuMemUnmap`` and
-  ``cuMemRelease`` (PyTorch's ``ExpandableSegment``).
+  ``cuMemRelease`` (PyTorch's ``ExpandableSegment``);
+- graph capture (``accelrt.Graph``) is ``cuStreamBeginCapture`` / ``cuStreamEndCapture`` on
+  the capturing stream, ``cuGraphInstantiate`` and ``cuGraphLaunch``.
 
 Every driver call runs with the device's primary context current on the calling thread. A
 thread with no current context keeps the primary context afterwards (as the CUDA runtime binds
@@ -971,6 +973,52 @@ class CUDABackend:
             self._stream(state, stream),
         )
 
+    # ------------------------------------------------------------------ graph capture
+    def graph_capture_begin(self, index: int, stream: int, mode: str) -> None:
+        """``cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_<MODE>)``.
+
+        Raises
+        ------
+        ValueError
+            If ``mode`` is not ``"global"``, ``"thread_local"`` or ``"relaxed"``.
+        CUDAError
+            If the driver refuses (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` on the legacy
+            default stream, for example).
+        """
+        if mode not in ("global", "thread_local", "relaxed"):
+            raise ValueError(
+                f"capture mode must be 'global', 'thread_local' or 'relaxed', got {mode!r}"
+            )
+        state = self._dev(index)
+        value = getattr(self.driver.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{mode.upper()}")
+        self._call("cuStreamBeginCapture", index, self._stream(state, stream), value)
+
+    def graph_capture_end(self, index: int, stream: int) -> Any:
+        """``cuStreamEndCapture``: the captured ``CUgraph``.
+
+        Raises ``CUDAError`` (``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`` when an illegal call
+        broke the capture, for example).
+        """
+        state = self._dev(index)
+        return self._call("cuStreamEndCapture", index, self._stream(state, stream))
+
+    def graph_instantiate(self, index: int, graph: Any) -> Any:
+        """``cuGraphInstantiate(graph, 0)``: the ``CUgraphExec``. Raises ``CUDAError``."""
+        return self._call("cuGraphInstantiate", index, graph, 0)
+
+    def graph_launch(self, index: int, executable: Any, stream: int) -> None:
+        """``cuGraphLaunch`` of a ``CUgraphExec`` on ``stream``. Raises ``CUDAError``."""
+        state = self._dev(index)
+        self._call("cuGraphLaunch", index, executable, self._stream(state, stream))
+
+    def graph_destroy(self, index: int, graph: Any) -> None:
+        """``cuGraphDestroy``. Raises ``CUDAError``."""
+        self._call("cuGraphDestroy", index, graph)
+
+    def graph_exec_destroy(self, index: int, executable: Any) -> None:
+        """``cuGraphExecDestroy``. Raises ``CUDAError``."""
+        self._call("cuGraphExecDestroy", index, executable)
+
     def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview | None:
         """None: device memory is not host-accessible (``Buffer.numpy()`` copies instead)."""
         return None
@@ -1027,7 +1075,8 @@ for _name in (
     "malloc", "free", "mem_get_info", "host_alloc", "host_free", "vm_reserve", "vm_release",
     "vm_map", "vm_unmap", "stream_create", "stream_priority_range", "stream_destroy",
     "stream_query", "stream_synchronize", "stream_wait_event", "event_create", "memcpy_async",
-    "memset_async",
+    "memset_async", "graph_capture_begin", "graph_capture_end", "graph_instantiate",
+    "graph_launch", "graph_destroy", "graph_exec_destroy",
 ):  # fmt: skip
     setattr(CUDABackend, _name, _in_context(getattr(CUDABackend, _name)))
 del _name

@@ -196,6 +196,142 @@ class Buffer(_Base, MemoryHandle):
             raise ValueError(f"{self!r} is empty and has no allocator")
         return self._allocator
 
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface (version 3) of the memory, on ``cuda`` buffers only.
+
+        A 1-D ``uint8`` array: ``shape`` ``(nbytes,)``, ``typestr`` ``"|u1"``, ``data``
+        ``(ptr, False)`` (writable), ``strides`` None (C-contiguous), ``version`` 3, and
+        ``stream`` the buffer's native ``CUstream`` (1, the legacy default stream, when the
+        buffer is on the default stream), on which consumers (CuPy, Numba, PyTorch) wait
+        before using the memory.
+
+        Raises
+        ------
+        AttributeError
+            If the buffer is not CUDA memory, so that ``hasattr`` is False there.
+        ValueError
+            If the buffer was freed.
+
+        Notes
+        -----
+        The consumer does not keep the buffer alive: keep it until the consumer is done. If
+        the consumer uses the memory on another stream, ``accelrt.record_stream`` it before
+        freeing, as for any buffer.
+        """
+        stream = self._stream
+        if stream._backend.name != "cuda":
+            raise AttributeError(
+                f"memory of {stream.device} is not CUDA memory (no __cuda_array_interface__)"
+            )
+        if self.nbytes:
+            self.block  # noqa: B018 (raises ValueError if freed)
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": stream._handle or 1,
+        }
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Return the DLPack device: ``(kDLCUDA = 2, CUDA ordinal)`` for CUDA memory, else
+        ``(kDLCPU = 1, 0)`` (host-accessible memory is exported as CPU memory)."""
+        stream = self._stream
+        if stream._backend.name != "cuda":
+            return (1, 0)
+        physical = getattr(stream._backend, "physical_index", None)
+        return (2, physical(stream._index) if physical is not None else stream._index)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
+
+        Parameters
+        ----------
+        stream : int or None
+            CUDA memory: the consumer's stream, as the DLPack protocol defines it: None or 1
+            the legacy default stream, 2 the per-thread default stream, another positive int a
+            native ``CUstream``, -1 no synchronisation. Unless -1 or the buffer's own stream,
+            an event recorded on the buffer's stream is made a dependency of the consumer's
+            stream (no host blocking). Other devices: ignored.
+        max_version : tuple of (int, int), optional
+            The highest DLPack version the consumer understands; (1, 0) or later gives a
+            versioned capsule (``"dltensor_versioned"``), None a legacy ``"dltensor"`` one.
+        dl_device : tuple of (int, int), optional
+            The device the consumer wants the data on; only ``__dlpack_device__()`` is served.
+        copy : bool, optional
+            True asks for a copy, which accelrt does not make; None and False never copy.
+
+        Returns
+        -------
+        PyCapsule
+            It keeps the buffer alive until the consumer deletes the tensor.
+
+        Raises
+        ------
+        BufferError
+            CUDA memory: if ``dl_device`` is another device, or ``copy`` is True.
+        ValueError
+            If the buffer was freed; CUDA memory: if ``stream`` is 0 or below -1 (0 is
+            ambiguous and disallowed by the protocol).
+        TypeError
+            CUDA memory: if ``stream`` is not an int or None. Other memory: if it is not
+            host-accessible (as ``numpy()``).
+
+        Notes
+        -----
+        Other memory is exported through ``numpy()`` as CPU memory, and ``dl_device`` and
+        ``copy`` are numpy's to serve. Mirrors ``torch.Tensor.__dlpack__``; the stream rules
+        are the Python array API's.
+        """
+        device = self.__dlpack_device__()
+        if device[0] != 2:  # numpy's export, as before (it serves dl_device and copy itself)
+            for key, value in (("max_version", max_version), ("dl_device", dl_device)):
+                if value is not None:
+                    kwargs[key] = value
+            if copy is not None:
+                kwargs["copy"] = copy
+            return MemoryHandle.__dlpack__(self, stream=stream, **kwargs)
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(
+                f"{self!r} is on DLPack device {device}, not {tuple(dl_device)}; accelrt does "
+                "not copy on export (use accelrt.copy_)"
+            )
+        if copy:
+            raise BufferError("accelrt does not copy on export: pass copy=None or False")
+        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
+            raise TypeError(f"DLPack stream must be an int or None, got {stream!r}")
+        if stream == 0 or (stream is not None and stream < -1):
+            raise ValueError(
+                f"DLPack stream {stream} is not allowed: pass 1 for the legacy default stream, "
+                "2 for the per-thread one, a CUstream, or -1 for no synchronisation"
+            )
+        if self.nbytes:
+            self.block  # noqa: B018 (raises ValueError if freed)
+        own = self._stream
+        consumer = 1 if stream is None else stream
+        if consumer != -1 and consumer != (own._handle or 1):
+            backend, index = own._backend, own._index
+            event = backend.event_create(index, False)
+            try:
+                backend.event_record(event, index, own._handle)
+                backend.stream_wait_event(index, consumer, event)
+            finally:
+                backend.event_destroy(event)
+        from . import _dlpack
+
+        versioned = max_version is not None and tuple(max_version) >= _dlpack.DLPACK_VERSION
+        return _dlpack.to_capsule(self.ptr, self.nbytes, 2, device[1], self, versioned)
+
     def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
 

@@ -1,0 +1,18 @@
+"""Glue between accelrt and other GPU libraries, one module per optional dependency.
+
+- :mod:`accelrt.interop.cupy`: ``use_accelrt_allocator()`` makes CuPy allocate from accelrt's
+  caching allocator (``cupy.cuda.set_allocator``), stream-ordered on CuPy's current stream;
+- :mod:`accelrt.interop.numba`: ``use_accelrt_allocator()`` installs an External Memory
+  Management plugin so Numba's device arrays come from accelrt.
+
+(The DLPack capsules ``Buffer.__dlpack__`` hands out for CUDA memory are built in
+``accelrt.memory._dlpack``.)
+
+Nothing here is imported by ``import accelrt``; each module imports its library only when a
+function that needs it is called, and raises an ``ImportError`` naming the pip package when it
+is missing.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

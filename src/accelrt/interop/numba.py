@@ -1,0 +1,177 @@
+"""Numba on accelrt's caching allocator: an External Memory Management (EMM) plugin.
+
+>>> from accelrt.interop import numba as acc_numba             # doctest: +SKIP
+>>> acc_numba.use_accelrt_allocator()   # before Numba makes its context  # doctest: +SKIP
+>>> d = numba.cuda.device_array(10)     # its memory is an accelrt Buffer # doctest: +SKIP
+
+or, without code, ``NUMBA_CUDA_MEMORY_MANAGER=accelrt.interop.numba``. The plugin,
+:class:`AccelrtNumbaManager` (a ``numba.cuda.HostOnlyCUDAMemoryManager``: Numba keeps managing
+host memory), allocates device memory with ``accelrt.empty`` on the accelrt device of Numba's
+context, ordered on accelrt's current stream of that device (the default stream unless set;
+Numba's EMM interface passes no stream). Imports Numba only when used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+from .. import _runtime
+from .._stream import current_stream
+from ..memory import Buffer, empty, empty_cache, get_memory_info
+
+__all__ = ["AccelrtNumbaManager", "use_accelrt_allocator"]  # noqa: F822 (module __getattr__)
+
+INSTALL_HINT = "pip install numba-cuda"
+
+
+def _numba_cuda() -> Any:
+    try:
+        from numba import cuda
+    except ImportError as exc:
+        raise ImportError(f"accelrt.interop.numba needs Numba: {INSTALL_HINT} ({exc})") from exc
+    return cuda
+
+
+def _device_pointer(ptr: int) -> Any:
+    """The pointer type Numba's ``MemoryPointer`` takes with the binding Numba uses."""
+    from numba import config
+
+    if getattr(config, "CUDA_USE_NVIDIA_BINDING", True):
+        from cuda.bindings.driver import CUdeviceptr
+
+        return CUdeviceptr(ptr)
+    return ctypes.c_uint64(ptr)
+
+
+@functools.cache
+def _manager_class() -> type:
+    cuda = _numba_cuda()
+    base: Any = cuda.HostOnlyCUDAMemoryManager
+
+    class AccelrtNumbaManager(base):  # type: ignore[misc]
+        """Numba's device memory from accelrt's caching allocator (EMM interface version 1).
+
+        Notes
+        -----
+        ``memalloc`` returns a ``numba.cuda.MemoryPointer`` whose finaliser frees the accelrt
+        ``Buffer`` (the block returns to accelrt's cache); ``get_memory_info`` is
+        ``accelrt.get_memory_info``; ``reset`` also empties accelrt's cache for the device.
+        IPC handles are not supported yet (``get_ipc_handle`` raises ``NotImplementedError``).
+        Needs the ``cuda`` backend as the accelerator. Mirrors RMM's ``RMMNumbaManager``.
+        """
+
+        def initialize(self) -> None:
+            """Check that accelrt runs CUDA and map Numba's device to accelrt's.
+
+            Raises
+            ------
+            RuntimeError
+                If the accelerator is not the ``cuda`` backend.
+            ValueError
+                If Numba's device is hidden from accelrt (``ACCELRT_VISIBLE_DEVICES``).
+            """
+            super().initialize()
+            self._accelrt_index()
+
+        def _accelrt_index(self) -> int:
+            backend = _runtime.require_accelerator()
+            if backend.name != "cuda":
+                raise RuntimeError(
+                    f"accelrt's Numba memory manager needs the 'cuda' backend, but the "
+                    f"accelerator is {backend.name!r}: call accelrt.backends.use('cuda')"
+                )
+            ordinal = int(self.context.device.id)
+            physical = getattr(backend, "physical_index", None)
+            for index in range(backend.device_count()):
+                if (physical(index) if physical is not None else index) == ordinal:
+                    return index
+            raise ValueError(
+                f"CUDA device {ordinal} (Numba's context) is not visible to accelrt; check "
+                "ACCELRT_VISIBLE_DEVICES"
+            )
+
+        def memalloc(self, size: int) -> Any:
+            """Allocate ``size`` bytes of device memory from accelrt.
+
+            Returns
+            -------
+            numba.cuda.MemoryPointer
+
+            Raises
+            ------
+            OutOfMemoryError
+                If the device has no memory for it.
+            """
+            index = self._accelrt_index()
+            buffer = empty(size, stream=current_stream(index))
+            return cuda.MemoryPointer(
+                self.context,
+                _device_pointer(buffer.ptr),
+                size,
+                finalizer=_finalizer(buffer),
+            )
+
+        def get_memory_info(self) -> Any:
+            """Return ``numba.cuda.MemoryInfo(free, total)`` of the device, in bytes."""
+            free, total = get_memory_info(self._accelrt_index())
+            return cuda.MemoryInfo(free=free, total=total)
+
+        def get_ipc_handle(self, memory: Any) -> Any:
+            """Not supported yet.
+
+            Raises
+            ------
+            NotImplementedError
+                Always: accelrt does not export IPC handles of its blocks yet.
+            """
+            raise NotImplementedError(
+                "accelrt's Numba memory manager cannot make IPC handles yet; use Numba's own "
+                "memory manager for arrays shared between processes"
+            )
+
+        def reset(self) -> None:
+            """Numba's context reset: release Numba's host memory and accelrt's cache."""
+            super().reset()
+            empty_cache(self._accelrt_index())
+
+        @property
+        def interface_version(self) -> int:
+            """The EMM interface version this plugin implements: 1."""
+            return 1
+
+    return AccelrtNumbaManager
+
+
+def _finalizer(buffer: Buffer) -> Any:
+    """A finaliser that frees ``buffer`` without keeping the MemoryPointer alive."""
+
+    def free() -> None:
+        buffer.free()
+
+    return free
+
+
+def use_accelrt_allocator() -> None:
+    """Make Numba allocate device memory from accelrt (``numba.cuda.set_memory_manager``).
+
+    Raises
+    ------
+    ImportError
+        If Numba is not installed (the message names the pip package).
+
+    Notes
+    -----
+    Call it before Numba creates its CUDA context (before the first device array or kernel
+    launch), as Numba requires for any EMM plugin.
+    """
+    _numba_cuda().set_memory_manager(_manager_class())
+
+
+def __getattr__(name: str) -> Any:
+    """``AccelrtNumbaManager`` and ``_numba_memory_manager`` (the name Numba's
+    ``NUMBA_CUDA_MEMORY_MANAGER`` looks up), made on first use: they subclass a Numba class."""
+    if name in ("AccelrtNumbaManager", "_numba_memory_manager"):
+        return _manager_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
