@@ -218,3 +218,132 @@ def test_replay_defaults_to_accelrt_alloc_conf(
     err = capsys.readouterr().err
     assert err.startswith("accelrt replay: error: ACCELRT_ALLOC_CONF: unknown allocator setting")
     assert err.count("\n") == 1
+
+
+def test_short_setting_forms() -> None:
+    from accelrt.cli import _short_setting
+
+    full = "roundup_power2_divisions:[" + ",".join(
+        f"{1 << i}:{1 if i <= 8 else min(8, 2 ** (i - 8))}" for i in range(16)
+    )
+    assert _short_setting(full + "]") == "roundup:[..256:1,512:2,1024:4,2048..:8]"
+    assert _short_setting("expandable_segments:True") == "expandable"
+    assert _short_setting("max_split_size_mb:128,expandable_segments:True") == (
+        "max_split:128, expandable"
+    )
+    assert _short_setting("garbage_collection_threshold:0.6,per_process_memory_fraction:0.5") == (
+        "gc:0.6, fraction:0.5"
+    )
+    assert _short_setting("max_non_split_rounding_mb:4,release_lock_on_malloc:True") == (
+        "non_split_rounding:4, release_lock"
+    )
+    assert _short_setting("defaults") == "defaults"
+    assert _short_setting("some_future_key_with_a_long_name:12345") == (
+        "some_future_key_with_a_lo..."
+    )
+
+
+def test_comparison_table_heads_are_short_and_nothing_wraps_in_a_pipe(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")  # a narrow terminal setting does not apply to a pipe
+    roundup = "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]"
+    argv = ["replay", str(EXAMPLE), "--device", "sim", "--config", "",
+            "--config", "expandable_segments:True,max_split_size_mb:128",
+            "--config", roundup + ",garbage_collection_threshold:0.6"]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        "transformer_train on sim:0 (80.00 GiB): 6141 events (device view, 0 host events "
+        "skipped); trace peak live 341293844 bytes (325.48 MiB)"
+    )
+    assert lines[1:4] == [
+        "┏━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━┳"
+        "━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┓",
+        "┃                ┃   defaults ┃ max_split:128, expandable ┃"
+        " roundup:[..256:1,512:2,1024:4,2048..:8], gc:0.6 ┃",
+        "┡━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━╇"
+        "━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┩",
+    ]
+    assert lines[4] == (
+        "│ peak requested │ 325.48 MiB │                325.48 MiB │"
+        "                                      325.48 MiB │"
+    )
+    legend = lines.index("Column heads in full:")
+    assert lines[legend + 1 : legend + 4] == [
+        "  max_split:128, expandable = max_split_size_mb:128,expandable_segments:True",
+        "  roundup:[..256:1,512:2,1024:4,2048..:8], gc:0.6 = roundup_power2_divisions:[1:1,2:1,"
+        "4:1,8:1,16:1,32:1,64:1,128:1,256:1,512:2,1024:4,2048:8,4096:8,8192:8,16384:8,32768:8],"
+        "garbage_collection_threshold:0.6",
+        "[defaults] peak requested 341293844 bytes equals the trace's peak live 341293844 bytes; "
+        "peak reserved 362807296 bytes",
+    ]
+    assert lines[legend + 4].startswith("[max_split_size_mb:128,expandable_segments:True] peak")
+    assert lines[legend + 4].endswith("; peak reserved 530579456 bytes")
+
+
+def _two_device_snapshot(path: Path) -> Path:
+    """A snapshot whose devices 0 and 1 both recorded history (device 1: twice the sizes)."""
+    import pickle
+
+    import accelrt as acc
+
+    acc.backends.use("sim")
+    acc.record_memory_history()
+    blocks = [acc.empty(n) for n in (MiB, 5 * MiB)]
+    blocks[0].free()
+    acc.dump_snapshot(path)
+    blocks[1].free()
+    data = pickle.loads(path.read_bytes())
+    doubled = [dict(e, size=2 * e["size"]) for e in data["device_traces"][0]]
+    data["device_traces"] = [data["device_traces"][0], doubled]
+    data["segments"] += [dict(s, device=1) for s in data["segments"]]
+    path.write_bytes(pickle.dumps(data))
+    return path
+
+
+def test_device_index_means_the_same_in_replay_and_snapshot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelrt.cli import build_parser
+
+    snap = _two_device_snapshot(tmp_path / "two.pickle")
+    page = tmp_path / "p.html"
+    commands = {
+        "replay": ["replay", str(snap), "--no-progress"],
+        "summary": ["snapshot", "summary", str(snap)],
+        "segments": ["snapshot", "segments", str(snap)],
+        "view": ["snapshot", "view", str(snap), "-o", str(page)],
+        "diff": ["snapshot", "diff", str(snap), str(snap)],
+    }
+    helps = set()
+    for argv in commands.values():
+        parser = build_parser()
+        sub = parser._subparsers._group_actions[0].choices[argv[0]]  # type: ignore[union-attr]
+        if argv[0] == "snapshot":
+            sub = sub._subparsers._group_actions[0].choices[argv[1]]  # type: ignore[union-attr]
+        [action] = [a for a in sub._actions if "--device-index" in a.option_strings]
+        helps.add((action.help, action.default))
+    assert helps == {
+        ("snapshots: the recorded device to read, N of device_traces[N] (default: 0)", None)
+    }
+    for argv in commands.values():  # the same one-line error out of range
+        assert main([*argv, "--device-index", "2"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert err.endswith(
+            f": error: --device-index 2 is out of range [0, 2) for {snap}; choose a device the "
+            "snapshot recorded\n"
+        )
+    # default 0: with two devices recorded, nothing asks to choose
+    for index, live in (([], "6.00 MiB"), (["--device-index", "0"], "6.00 MiB"),
+                        (["--device-index", "1"], "12.00 MiB")):  # fmt: skip
+        assert main([*commands["replay"], *index]) == 0
+        out = capsys.readouterr().out
+        assert f"_dev{(index or ['', '0'])[1]} on sim:0" in out
+        assert main([*commands["summary"], *index]) == 0
+        out = capsys.readouterr().out
+        assert f"(recorded device {(index or ['', '0'])[1]})" in out and live in out
+    assert main([*commands["view"], "--device-index", "1"]) == 0
+    assert main([*commands["diff"], "--device-index", "1"]) == 0
+    assert main([*commands["segments"], "--device-index", "1"]) == 0

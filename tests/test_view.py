@@ -96,6 +96,8 @@ def test_view_of_a_snapshot_with_an_oom(tmp_path: Path, monkeypatch: pytest.Monk
     assert view.stacks[view.stack[1]].hidden == len(NOISE) - 1
     assert view.stack[0] == -1  # the end state's block carries no recorded stack
     assert view.times is not None and view.times[0] == 0.0
+    ids, names = view.frame_groups()  # what the page colours and aggregates by
+    assert names == ["forward  /work/model.py:42"] and ids.tolist() == [-1, 0, 0]
     groups = live_groups(view, oom["event"], "frame")
     assert [(g.key, g.bytes, g.count) for g in groups] == [
         ("forward  /work/model.py:42", 8 * MiB, 1),

@@ -17,12 +17,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from accelrt.replay import replay
 from accelrt.trace import Trace, TraceEvent, load, write
-from accelrt.view import picture_moments, render_html, view_of_snapshot, view_of_trace
-from test_view import MAPHSGE4, _record_with_oom
+from accelrt.view import (
+    View,
+    clean_stack,
+    picture_moments,
+    render_html,
+    view_of_snapshot,
+    view_of_trace,
+)
+from test_view import MAPHSGE4, PY, _record_with_oom
 
 MiB = 1 << 20
 _CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -67,6 +75,11 @@ def _check_page(result: dict[str, Any]) -> dict[str, Any]:
     assert test is not None and test["drawn"] > 0
     for hover in test["hovers"]:  # the tooltip names the allocation under the cursor
         assert hover["hovered"] == str(hover["alloc"]), hover
+    for band in test["bands"]:  # and a band names its group, its allocations and bytes
+        if band["px"] >= 2:
+            assert band["hovered"] == "band:" + band["name"], band
+            assert band["tip"].split("\n")[0].endswith(": " + band["name"]), band
+            assert re.search(r"\n\d+ allocations?, .* live, each too small", band["tip"]), band
     before, after = test["zoom"]["before"], test["zoom"]["after"]
     assert before.split("/")[0] != after.split("/")[0]  # the window shown changed
     return test
@@ -99,14 +112,72 @@ def test_record_torch_style_trace_shows_op_names(tmp_path: Path) -> None:
         if i > 5:
             rows.append({"action": "free", "addr": i - 5, "size": (i - 5) * MiB, "stream": 0,
                          "t": t + 100, "op": "aten::mm"})  # fmt: skip
+        for j in range(6):  # 64 KiB each, never freed: well under 2 pixels at the whole run
+            op = "aten::relu" if j < 2 else "aten::add"
+            rows.append({"action": "alloc", "addr": 1000 + 10 * i + j, "size": 64 << 10,
+                         "stream": 0, "t": t + 200, "op": op})  # fmt: skip
     write(path, rows, {"name": "ops"})
     trace = load(path)
     page = tmp_path / "ops.html"
     report = replay(trace, capture_at=picture_moments(trace))
     page.write_text(render_html(view_of_trace(trace, report)))
-    test = _check_page(_load(page))
+    result = _load(page)
+    test = _check_page(result)
     ops = {h["tip"].split("op: ")[1].split("\n")[0] for h in test["hovers"]}
-    assert ops == {"aten::mm", "aten::conv2d"}
+    assert ops == {"aten::mm", "aten::conv2d"}  # the big ones, one by one
+    # at the whole run the 240 small ones are two bands, by op, each named when hovered
+    bands = {b["name"]: b for b in test["bands"]}
+    assert bands["aten::add"]["tip"].startswith(
+        "op: aten::add\n160 allocations, 10.00 MiB (10485760 bytes) live, each too small to draw"
+    )
+    assert bands["aten::relu"]["tip"].startswith("op: aten::relu\n80 allocations, 5.00 MiB")
+    assert bands["aten::add"]["px"] > bands["aten::relu"]["px"] > 2
+    assert int(result["attrs"]["drawn"]) < 40  # zoomed in: fewer and larger on screen
+
+
+def _view_with_small_allocations() -> View:
+    """Two big allocations freed early, then 300 of 1 MiB, each live for 40 events, under three
+    stacks with two distinct top frames."""
+    deep = [*PY, {"name": "main", "filename": "/work/run.py", "line": 3}]
+    other = [{"name": "load", "filename": "/work/data.py", "line": 9}]
+    stacks = [clean_stack(PY), clean_stack(deep), clean_stack(other)]
+    sizes = [512 * MiB, 256 * MiB] + [MiB] * 300
+    events = [("alloc", 0), ("alloc", 1), ("free", 0), ("free", 1)]
+    for j in range(300):
+        events.append(("alloc", 2 + j))
+        if j >= 40:
+            events.append(("free", 2 + j - 40))
+    n, e = len(sizes), len(events)
+    start = np.zeros(n, dtype=np.int64)
+    end = np.full(n, e + 1, dtype=np.int64)
+    kind = np.zeros(e, dtype=np.int64)
+    alloc = np.zeros(e, dtype=np.int64)
+    for event, (action, i) in enumerate(events):
+        (start if action == "alloc" else end)[i] = event + 1
+        kind[event], alloc[event] = int(action == "free"), i
+    stack = np.asarray([0, 0] + [j % 3 for j in range(300)], dtype=np.int64)
+    addr = np.arange(n, dtype=np.int64) << 30
+    zero = np.zeros(n, dtype=np.int64)
+    return View("small", e, start, end, np.asarray(sizes, dtype=np.int64), addr, zero, stack,
+                np.full(n, -1, dtype=np.int64), kind, alloc, stacks=stacks)  # fmt: skip
+
+
+def test_small_allocations_are_bands_by_stack_frame_at_the_whole_run(tmp_path: Path) -> None:
+    page = tmp_path / "small.html"
+    page.write_text(render_html(_view_with_small_allocations()))
+    result = _load(page, "#selftest-all")
+    test = _check_page(result)
+    assert sorted(h["alloc"] for h in test["hovers"]) == [0, 1]  # only the big ones drawn
+    bands = {b["name"]: b for b in test["bands"]}
+    assert set(bands) == {"forward  /work/model.py:42", "load  /work/data.py:9"}
+    # stacks 0 and 1 share their top frame: one band holds two thirds of the small ones
+    tip = bands["forward  /work/model.py:42"]["tip"]
+    found = re.match(r"stack frame: forward  /work/model.py:42\n(\d+) allocations, (\S+) MiB", tip)
+    assert found and 26 <= int(found[1]) <= 28 and float(found[2]) == int(found[1]), tip
+    assert bands["forward  /work/model.py:42"]["hovered"] == "band:forward  /work/model.py:42"
+    assert re.search(r"\n1[34] allocations, 1[34]\.00 MiB", bands["load  /work/data.py:9"]["tip"])
+    # zoomed in twice, away from the big ones: the small ones are drawn one by one
+    assert int(result["attrs"]["drawn"]) > 40 and result["attrs"]["bands"] == "0"
 
 
 def _synthetic(n: int, seed: int = 1) -> Trace:
@@ -136,7 +207,9 @@ def test_a_million_events_stay_small_and_draw(tmp_path: Path) -> None:
     page = tmp_path / "big.html"
     page.write_text(text)
     result = _load(page, budget_ms=60_000)
-    _check_page(result)
+    test = _check_page(result)
+    [band] = [b for b in test["bands"] if b["px"] >= 2]  # no stacks: one band of small ones
+    assert band["name"] == "(no stack)" and band["hovered"] == "band:(no stack)"
     assert time.perf_counter() - started < 60
 
 
@@ -147,6 +220,9 @@ def test_every_drawn_allocation_of_maphsge4_shows_its_python_frame(tmp_path: Pat
     page.write_text(render_html(view))
     test = _check_page(_load(page, "#selftest-all"))
     assert len(test["hovers"]) == test["drawn"] > 100
+    # small allocations are bands named by their Python frame, not one grey area
+    named = [b for b in test["bands"] if ".py:" in b["name"]]
+    assert len(named) > 10 and any(b["px"] >= 2 for b in named), test["bands"]
     for hover in test["hovers"]:
         stack = view.stack[hover["alloc"]]
         if stack >= 0 and view.stacks[stack].python:

@@ -370,9 +370,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         _check_device(args.device, args.capacity)
     # a malformed snapshot shows as one line naming the file (load checks a JSONL trace itself)
     snapshot = args.trace if sniff(args.trace) == "pickle" else None
-    trace = _malformed_snapshot_guard(
-        snapshot, load, args.trace, include_host=args.include_host, device_index=args.device_index
-    )
+    if snapshot is not None:
+        trace = _snapshot_trace(args.trace, args.device_index)
+    else:
+        trace = load(args.trace, include_host=args.include_host, device_index=args.device_index)
     # a PyTorch recording replays on the simulated device with its recorded settings
     device = args.device or ("sim" if trace.recording is not None else _default_device())
     if args.device is None:
@@ -419,6 +420,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot_trace(path: str, device_index: int | None) -> Any:
+    """The trace of a snapshot pickle's recorded device (``--device-index``, default 0)."""
+    from .trace._snapshot import trace_from_snapshot
+
+    data = _read_snapshot_file(path)
+    device = _snapshot_device(path, data, device_index)
+    return _malformed_snapshot_guard(path, trace_from_snapshot, data, device=device, path=path)
+
+
 def _snapshot_history(path: str, trace: Any) -> tuple[Any, list[dict[str, Any]]]:
     """A snapshot trace's recorded entries and end segments (stacks, times, OOMs)."""
     if getattr(trace, "recording", None) is None:
@@ -446,13 +456,98 @@ def _write_pictures(args: argparse.Namespace, trace: Any, report: Any) -> None:
         print(f"wrote {args.png}", file=sys.stderr)
 
 
+_SHORT_KEYS = {
+    "max_split_size_mb": "max_split",
+    "max_non_split_rounding_mb": "non_split_rounding",
+    "garbage_collection_threshold": "gc",
+    "per_process_memory_fraction": "fraction",
+}
+_SHORT_ITEM = 28
+"""A setting item of an unknown key longer than this is cut (its full text is listed below)."""
+
+
+def _setting_items(config: str) -> list[str]:
+    """``key:value`` items of a setting string; commas inside brackets stay in their item."""
+    items, depth, current = [], 0, ""
+    for char in config:
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth <= 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [i for i in (*items, current) if i]
+
+
+def _short_divisions(value: str) -> str:
+    """``[1:1,2:1,...,512:2,...]`` as runs of equal divisions: ``[..256:1,512:2,1024..:8]``."""
+    pairs = [p.split(":") for p in value.strip("[]").split(",")]
+    if not all(len(p) == 2 and p[0].isdigit() and p[1].isdigit() for p in pairs):
+        return value if len(value) <= _SHORT_ITEM else value[: _SHORT_ITEM - 3] + "..."
+    runs: list[list[str]] = []  # [first size, last size, divisions]
+    for size, divisions in pairs:
+        if runs and runs[-1][2] == divisions:
+            runs[-1][1] = size
+        else:
+            runs.append([size, size, divisions])
+    if len(runs) == 1:
+        return runs[0][2]
+    shown = []
+    for n, (lo, hi, divisions) in enumerate(runs):
+        if lo == hi:
+            shown.append(f"{lo}:{divisions}")
+        elif n == 0:
+            shown.append(f"..{hi}:{divisions}")
+        elif n == len(runs) - 1:
+            shown.append(f"{lo}..:{divisions}")
+        else:
+            shown.append(f"{lo}..{hi}:{divisions}")
+    return "[" + ",".join(shown) + "]"
+
+
+def _short_setting(config: str) -> str:
+    """Return a setting string in the short form ``accelrt replay`` uses for column heads.
+
+    Parameters
+    ----------
+    config : str
+        A setting as ``ReplayReport.config`` has it (``AllocatorConfig.describe()``: items
+        ``key:value`` joined by commas, or ``defaults``).
+
+    Returns
+    -------
+    str
+        The items joined by ``", "``: ``expandable_segments:True`` as ``expandable``,
+        ``release_lock_on_malloc:True`` as ``release_lock``, ``max_split_size_mb:N`` as
+        ``max_split:N`` (likewise ``non_split_rounding``, ``gc``, ``fraction``), and
+        ``roundup_power2_divisions:[1:1,2:1,...]`` (per power-of-two size in MiB) as runs of
+        equal divisions, e.g. ``roundup:[..256:1,512:2,1024:4,2048..:8]``, or ``roundup:4``
+        when all are equal. Other items longer than 28 characters are cut with ``...``.
+    """
+    shown = []
+    for item in _setting_items(config):
+        key, _, value = item.partition(":")
+        if key == "expandable_segments":
+            shown.append("expandable" if value == "True" else "not expandable")
+        elif key == "release_lock_on_malloc":
+            shown.append("release_lock" if value == "True" else "no release_lock")
+        elif key == "roundup_power2_divisions":
+            shown.append(f"roundup:{_short_divisions(value)}")
+        elif key in _SHORT_KEYS:
+            shown.append(f"{_SHORT_KEYS[key]}:{value}")
+        else:
+            shown.append(item if len(item) <= _SHORT_ITEM else item[: _SHORT_ITEM - 3] + "...")
+    return ", ".join(shown) or config
+
+
 def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     first = reports[0]
-    console = Console()
+    # in a pipe or a CI log nothing is wrapped: the table at its own width, one line a sentence
+    console = Console() if sys.stdout.isatty() else Console(width=100_000)
     view = (
         "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
     )
@@ -464,14 +559,15 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
         else format_bytes(first.capacity_bytes)
     )
     console.print(
-        f"[bold]{name}[/bold] on {first.device} ({capacity}): "
+        f"[bold]{escape(name)}[/bold] on {first.device} ({capacity}): "
         f"{first.events} events ({view}); trace peak live {first.trace_peak_live_bytes} bytes "
-        f"({format_bytes(first.trace_peak_live_bytes)})"
+        f"({format_bytes(first.trace_peak_live_bytes)})",
+        soft_wrap=True,
     )
     table = Table()
     table.add_column("", style="bold")
     for r in reports:
-        table.add_column(escape(r.config), justify="right", overflow="fold")
+        table.add_column(escape(_short_setting(r.config)), justify="right", overflow="fold")
     rows: list[tuple[str, Any]] = [
         ("peak requested", lambda r: format_bytes(r.peak_requested_bytes)),
         ("peak allocated", lambda r: format_bytes(r.peak_allocated_bytes)),
@@ -487,6 +583,12 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
     for label, cell in rows:
         table.add_row(label, *(cell(r) for r in reports))
     console.print(table)
+    shortened = {_short_setting(r.config): r.config for r in reports}
+    if any(short != full for short, full in shortened.items()):
+        console.print("Column heads in full:", soft_wrap=True)
+        for short, full in shortened.items():
+            if short != full:
+                console.print(f"  {short} = {full}", soft_wrap=True, markup=False)
     for r in reports:
         match = "equals" if r.peak_requested_bytes == r.trace_peak_live_bytes else "differs from"
         console.print(
@@ -498,20 +600,22 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
         for oom in r.ooms[:5]:
             console.print(
                 f"  OOM at event {oom.event}: {oom.requested_bytes} bytes on stream {oom.stream}"
-                f" with {format_bytes(oom.reserved_bytes)} reserved"
+                f" with {format_bytes(oom.reserved_bytes)} reserved",
+                soft_wrap=True,
             )
         if len(r.ooms) > 5:
-            console.print(f"  ... and {len(r.ooms) - 5} more OOMs")
+            console.print(f"  ... and {len(r.ooms) - 5} more OOMs", soft_wrap=True)
         if r.recorded_peak_reserved_bytes is not None:
             console.print(
                 f"  PyTorch recorded: peak reserved {r.recorded_peak_reserved_bytes} bytes "
                 f"({format_bytes(r.recorded_peak_reserved_bytes)}), "
                 f"{r.recorded_num_device_alloc} device mallocs; accelrt: "
                 f"{r.peak_reserved_bytes} bytes, {r.num_device_alloc} device mallocs; "
-                f"difference {r.peak_reserved_difference:+.3%}"
+                f"difference {r.peak_reserved_difference:+.3%}",
+                soft_wrap=True,
             )
         for note in r.notes:
-            console.print(f"  note: {note}")
+            console.print(f"  note: {note}", soft_wrap=True, markup=False)
 
 
 def _sweep_config_arg(text: str) -> str:
@@ -711,11 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--json", action="store_true", help="print the report as JSON")
     rep.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    rep.add_argument(
-        "--device-index",
-        type=_index_arg,
-        help="snapshots: the recorded device to replay (default: the only one with events)",
-    )
+    rep.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
     rep.add_argument(
         "--html",
         type=_output_arg("--html"),
@@ -739,7 +839,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         cmd = snap_sub.add_parser(name, help=text)
         cmd.add_argument("file", help="a snapshot pickle (read as plain data; nothing in it runs)")
-        cmd.add_argument("--device-index", type=_index_arg, help="the recorded device (default: 0)")
+        cmd.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
         if name == "view":
             cmd.add_argument(
                 "-o",
@@ -767,9 +867,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_config_arg,
         help="allocator settings for A, then for B (default: each run's recorded settings)",
     )
-    diff.add_argument(
-        "--device-index", type=_index_arg, help="snapshots: the recorded device (default: 0)"
-    )
+    diff.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
     diff.set_defaults(func=_cmd_snapshot_diff)
     _add_sweep_parser(sub)
     return parser
@@ -831,15 +929,33 @@ def _snapshot_devices(snapshot: dict[str, Any]) -> int:
     return max(len(snapshot.get("device_traces") or []), max(known, default=0) + 1, 1)
 
 
-def _check_snapshot_device(path: str, snapshot: dict[str, Any], index: int | None) -> None:
-    if index is None:
-        return
+_DEVICE_INDEX_HELP = "snapshots: the recorded device to read, N of device_traces[N] (default: 0)"
+"""The help of ``--device-index``, the same in ``replay`` and every ``snapshot`` command."""
+
+
+def _snapshot_device(
+    path: str, snapshot: dict[str, Any], index: int | None, *, history: bool = True
+) -> int:
+    """The recorded device that ``--device-index`` names (default 0), checked the same way for
+    every command: in range, and (``history``) with allocation history when another device has
+    some."""
+    device = 0 if index is None else index
     count = _malformed_snapshot_guard(path, _snapshot_devices, snapshot)
-    if index >= count:
+    if device >= count:
         raise CliError(
-            f"--device-index {index} is out of range [0, {count}) for {path}; choose a device "
+            f"--device-index {device} is out of range [0, {count}) for {path}; choose a device "
             "the snapshot recorded"
         )
+    if history:
+        from .trace._snapshot import devices_with_history
+
+        recorded = devices_with_history(snapshot)
+        if recorded and device not in recorded:
+            raise CliError(
+                f"device {device} of {path} recorded no allocation history; devices {recorded} "
+                f"did: choose one with --device-index {recorded[0]}"
+            )
+    return device
 
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
@@ -848,9 +964,9 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
     from .trace._snapshot import trace_from_snapshot
 
     snapshot = _read_snapshot_file(args.file)
-    _check_snapshot_device(args.file, snapshot, args.device_index)
+    device_index = _snapshot_device(args.file, snapshot, args.device_index)
     trace = _malformed_snapshot_guard(
-        args.file, trace_from_snapshot, snapshot, device=args.device_index, path=args.file
+        args.file, trace_from_snapshot, snapshot, device=device_index, path=args.file
     )
     report = _malformed_snapshot_guard(args.file, replay, trace, capture_at=[len(trace.events) - 1])
     device = trace.recording.device if trace.recording is not None else 0
@@ -882,9 +998,7 @@ def _diff_run(path: str, config: str | None, device_index: int | None) -> tuple[
 
     _input_file(path, "a snapshot pickle or an accelrt trace (.jsonl.gz)")
     snapshot = path if sniff(path) == "pickle" else None
-    trace = _malformed_snapshot_guard(
-        snapshot, load, path, device_index=device_index if snapshot else None
-    )
+    trace = _snapshot_trace(path, device_index) if snapshot else load(path)
     report = _malformed_snapshot_guard(
         snapshot, replay, trace, config=config, capture_at=[len(trace.events) - 1]
     )
@@ -922,8 +1036,7 @@ def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
     from .view import segment_text
 
     snapshot = _read_snapshot_file(args.file)
-    _check_snapshot_device(args.file, snapshot, args.device_index)
-    device = args.device_index or 0
+    device = _snapshot_device(args.file, snapshot, args.device_index, history=False)
 
     def text() -> str:
         return segment_text([s for s in snapshot["segments"] if s.get("device", 0) == device])
@@ -936,12 +1049,12 @@ def _cmd_snapshot_view(args: argparse.Namespace) -> int:
     from .view import render_html, view_of_snapshot
 
     snapshot = _read_snapshot_file(args.file)  # a clear message for what is not a snapshot
-    _check_snapshot_device(args.file, snapshot, args.device_index)
+    device_index = _snapshot_device(args.file, snapshot, args.device_index)
     for output in (args.output, args.png):
         _not_the_input(output, args.file)
     _check_png(args.png)
     view = _malformed_snapshot_guard(
-        args.file, view_of_snapshot, args.file, device_index=args.device_index
+        args.file, view_of_snapshot, args.file, device_index=device_index
     )
     page = render_html(view)
     _write_text(args.output, page)

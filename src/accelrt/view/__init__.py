@@ -4,9 +4,10 @@ The picture of a trace has three parts:
 
 - **active memory over time**: every allocation stacked in allocation order (older lower),
   x = event index (and time where the input has timestamps), y = live bytes. Allocations
-  large enough to see are drawn one by one, coloured by stack or op; smaller ones are one grey
-  area at a coarse zoom and appear one by one when zoomed in. Hovering anywhere names the
-  allocation under the cursor with its op and stack (Python frames first);
+  large enough to see are drawn one by one, coloured by stack frame or op; smaller ones are
+  summed into one band per group (the top frame of their stack, or their op) at a coarse zoom
+  and appear one by one when zoomed in. Hovering names the allocation under the cursor with its
+  op and stack (Python frames first), or the band's group with its allocations and bytes;
 - **OOM forensics**: recorded and replayed OOMs marked and listed (requested, free and
   reserved bytes, stack), and what was live at the peak and at each OOM grouped by stack
   frame and by op;

@@ -145,6 +145,37 @@ class View:
         """The peak of live requested bytes."""
         return int(self.totals().max(initial=0))
 
+    def frame_groups(self) -> tuple[Int64Array, list[str]]:
+        """Group the allocations by the frame that names their stack.
+
+        Returns
+        -------
+        ids : numpy.ndarray of int64
+            Per allocation: an index into ``names``, -1 for an allocation with no stack.
+        names : list of str
+            Each group's frame (:attr:`CleanStack.top`: the innermost Python frame, else the
+            innermost C++ frame left after noise filtering), in order of first use.
+
+        Notes
+        -----
+        Stacks that differ only below their top frame share a group, so there are at most as
+        many groups as ``stacks``. The page colours and aggregates allocations by these groups.
+        """
+        names: list[str] = []
+        index: dict[str, int] = {}
+        of_stack = np.empty(len(self.stacks) + 1, dtype=np.int64)
+        of_stack[-1] = -1  # stack -1: no stack
+        for n, stack in enumerate(self.stacks):
+            top = stack.top
+            if top == "(no stack)":
+                of_stack[n] = -1
+                continue
+            if top not in index:
+                index[top] = len(names)
+                names.append(top)
+            of_stack[n] = index[top]
+        return of_stack[self.stack], names
+
     def live_at(self, state: int) -> npt.NDArray[np.int64]:
         """The indices of the allocations live at ``state``."""
         return np.flatnonzero((self.start <= state) & (self.end > state)).astype(np.int64)

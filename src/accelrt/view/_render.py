@@ -87,6 +87,7 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
     streams = sorted(set(view.stream.tolist()))
     stream_ids = {s: i for i, s in enumerate(streams)}
     start_delta = np.diff(view.start, prepend=0)
+    group, group_names = view.frame_groups()
     columns: list[tuple[str, npt.NDArray[Any], str, str]] = [
         ("start", start_delta, "<i4", "i32"),
         ("dur", view.end - view.start, "<i4", "i32"),
@@ -100,6 +101,7 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
         ),
         ("stack", view.stack, "<i4", "i32"),
         ("op", view.op, "<i4", "i32"),
+        ("group", group, "<i4", "i32"),
         ("kind", view.event_kind, "<u1", "u8"),
     ]
     if view.times is not None:
@@ -107,6 +109,7 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
     meta = {
         "stacks": [[list(s.python), list(s.native), s.hidden] for s in view.stacks],
         "ops": view.ops,
+        "groups": group_names,
         "streams": [str(s) for s in streams],
         "ooms": view.ooms,
         "moments": view.moments,

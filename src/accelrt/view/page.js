@@ -109,6 +109,7 @@ async function main() {
   const META = D.meta;
   const E = HEAD.events, N = HEAD.n;
   const size = D.size, addr = D.addr, stackOf = D.stack, opOf = D.op, streamOf = D.stream;
+  const groupOf = D.group;  // per allocation: its frame group (see View.frame_groups), -1 none
   const start = new Int32Array(N), end = new Int32Array(N);
   for (let i = 0, s = 0; i < N; i++) { s += D.start[i]; start[i] = s; end[i] = s + D.dur[i]; }
   const times = D.times ? new Float64Array(D.times.length) : null;
@@ -130,7 +131,7 @@ async function main() {
   }
   const peakBytes = total[peakState];
   const stacks = META.stacks, ops = META.ops, ooms = META.ooms, moments = META.moments;
-  const streams = META.streams;
+  const streams = META.streams, groupNames = META.groups;
 
   function eventText(e) {
     return times ? "event " + e + " (" + fmtTime(times[Math.min(Math.max(e, 0), times.length - 1)]) + ")"
@@ -186,8 +187,12 @@ async function main() {
   let selected = peakState;  // selected state
   let sx0 = null, sx1 = null, sst = null, nSamples = 0, ymax = 1, minBytes = 0;
   let drawnSet = new Set(), base = null;
-  let colorBy = "stack";
-  const K = 2500;
+  let colorBy = ops.length && !groupNames.length ? "op" : "stack";
+  $("color-by").value = colorBy;
+  const K = 2500;  // at most this many allocations drawn one by one
+  const BANDS = 40;  // at most this many groups drawn as their own band (the rest share one)
+  let isDrawn = new Uint8Array(N), lows = new Map(), drawGen = 0;
+  let nBands = 0, bandKey = [], bandVal = null, bandCnt = null, aggTop = null;
 
   function resize(cv, h) {
     const dpr = window.devicePixelRatio || 1;
@@ -198,9 +203,22 @@ async function main() {
   }
   const X = (s) => M.l + (s - v0) * PW / (v1 - v0 + 1);  // left edge of state s
   const Y = (b) => M.t + PH - PH * b / ymax;
+  // the group of an allocation: its op, or the top frame of its stack (-1: none)
+  function keyOf(i) { return colorBy === "op" ? opOf[i] : groupOf[i]; }
+  function keyName(key) {
+    return colorBy === "op" ? (key >= 0 ? ops[key] : "(no op)") : key >= 0 ? groupNames[key] : "(no stack)";
+  }
   function colour(i) {
-    const key = colorBy === "op" ? opOf[i] : stackOf[i];
+    const key = keyOf(i);
     return "hsl(" + hue(key >= 0 ? key + 1 : i) + ",58%," + (key >= 0 ? 60 : 72) + "%)";
+  }
+  function bandColour(j) {
+    const key = bandKey[j];
+    return key >= 0 ? "hsl(" + hue(key + 1) + ",42%,76%)" : key === -1 ? "#d4d4d4" : "#bdbdbd";
+  }
+  function bandName(j) {
+    const key = bandKey[j];
+    return key >= -1 ? keyName(key) : "(" + (-key - 1) + " smaller groups together)";
   }
 
   function sample() {
@@ -225,10 +243,10 @@ async function main() {
     ymax *= 1.05;
   }
 
-  // a Fenwick tree over allocations (stacking order) holding the sizes of the live ones
+  // a Fenwick tree over allocations (stacking order) holding the sizes of the live drawn ones
   function fenwickAt(state) {
     const f = new Float64Array(N + 1);
-    for (let i = 0; i < N; i++) if (start[i] <= state && end[i] > state) f[i + 1] = size[i];
+    for (let i = 0; i < N; i++) if (isDrawn[i] && start[i] <= state && end[i] > state) f[i + 1] = size[i];
     for (let i = 1; i <= N; i++) { const j = i + (i & -i); if (j <= N) f[j] += f[i]; }
     return f;
   }
@@ -245,9 +263,48 @@ async function main() {
   }
   function advance(f, from, to) {
     for (let s = from + 1; s <= to; s++) {
-      const a = startsAt[s]; if (a >= 0) fenAdd(f, a, size[a]);
-      const d = endsAt[s]; if (d >= 0) fenAdd(f, d, -size[d]);
+      const a = startsAt[s]; if (a >= 0 && isDrawn[a]) fenAdd(f, a, size[a]);
+      const d = endsAt[s]; if (d >= 0 && isDrawn[d]) fenAdd(f, d, -size[d]);
     }
+  }
+
+  // The live allocations not drawn one by one, summed by group at each sampled state: the
+  // BANDS - 1 groups with the most bytes at some sampled state get a band each, the rest one.
+  function aggregate(first) {
+    const G = (colorBy === "op" ? ops.length : groupNames.length) + 1;  // slot 0: no group
+    const sum = new Float64Array(G), cnt = new Int32Array(G), peak = new Float64Array(G);
+    for (let i = 0; i < N; i++) {
+      if (!isDrawn[i] && start[i] <= first && end[i] > first) { const g = keyOf(i) + 1; sum[g] += size[i]; cnt[g]++; }
+    }
+    const walk = (visit) => {  // sums at each sampled state, from the state `first`
+      const bs = sum.slice(), bc = cnt.slice();
+      for (let k = 0, s = first; k < nSamples && s <= E + 1; s++) {
+        if (s > first) {
+          const a = startsAt[s]; if (a >= 0 && !isDrawn[a]) { const g = keyOf(a) + 1; bs[g] += size[a]; bc[g]++; }
+          const d = endsAt[s]; if (d >= 0 && !isDrawn[d]) { const g = keyOf(d) + 1; bs[g] -= size[d]; bc[g]--; }
+        }
+        if (s === sst[k]) visit(k++, bs, bc);
+      }
+    };
+    const touched = [];
+    walk((k, bs) => { for (let g = 0; g < G; g++) if (bs[g] > peak[g]) peak[g] = bs[g]; });
+    for (let g = 0; g < G; g++) if (peak[g] > 0) touched.push(g);
+    touched.sort((a, b) => peak[b] - peak[a]);
+    const own = touched.length <= BANDS ? touched : touched.slice(0, BANDS - 1);
+    const bandOf = new Int32Array(G).fill(own.length);
+    own.forEach((g, j) => { bandOf[g] = j; });
+    bandKey = own.map((g) => g - 1);
+    if (own.length < touched.length) bandKey.push(-(touched.length - own.length) - 1);
+    nBands = bandKey.length;
+    bandVal = new Float64Array(nBands * nSamples); bandCnt = new Int32Array(nBands * nSamples);
+    aggTop = new Float64Array(nSamples);
+    walk((k, bs, bc) => {
+      for (const g of touched) {
+        const j = bandOf[g];
+        bandVal[j * nSamples + k] += bs[g]; bandCnt[j * nSamples + k] += bc[g];
+        aggTop[k] += bs[g];
+      }
+    });
   }
 
   function drawAxes() {
@@ -282,11 +339,6 @@ async function main() {
     ctx.clearRect(0, 0, W, H);
     sample();
     minBytes = ymax * 2 / PH;
-    // everything live, aggregated: the grey area under the total
-    ctx.fillStyle = "#d4d4d4";
-    ctx.beginPath(); ctx.moveTo(sx0[0], Y(0));
-    for (let k = 0; k < nSamples; k++) { const y = Y(total[sst[k]]); ctx.lineTo(sx0[k], y); ctx.lineTo(sx1[k], y); }
-    ctx.lineTo(sx1[nSamples - 1], Y(0)); ctx.closePath(); ctx.fill();
     // the allocations big enough to see, one by one (the K largest of them)
     let chosen = [];
     const first = sst[0], last = sst[nSamples - 1];
@@ -297,9 +349,23 @@ async function main() {
       if (lo < nSamples && sst[lo] < end[i]) chosen.push(i);
     }
     if (chosen.length > K) { chosen.sort((a, b) => size[b] - size[a]); chosen = chosen.slice(0, K); chosen.sort((a, b) => a - b); }
+    isDrawn = new Uint8Array(N);
+    for (const i of chosen) isDrawn[i] = 1;
+    drawGen++;
+    // the rest, summed by group: one band per group at the bottom, largest group lowest
+    aggregate(first);
+    const lower = new Float64Array(nSamples);
+    for (let j = 0; j < nBands; j++) {
+      const o = j * nSamples;
+      ctx.beginPath(); ctx.moveTo(sx0[0], Y(lower[0]));
+      for (let k = 0; k < nSamples; k++) { const y = Y(lower[k]); ctx.lineTo(sx0[k], y); ctx.lineTo(sx1[k], y); }
+      for (let k = nSamples - 1; k >= 0; k--) { lower[k] += bandVal[o + k]; const y = Y(lower[k]); ctx.lineTo(sx1[k], y); ctx.lineTo(sx0[k], y); }
+      ctx.closePath(); ctx.fillStyle = bandColour(j); ctx.fill();
+    }
+    // the chosen ones above the bands, in allocation order
     const f = fenwickAt(first);
     let cur = first, ptr = 0, active = [];
-    const lows = new Map();
+    lows = new Map();
     for (let k = 0; k < nSamples; k++) {
       const s = sst[k];
       advance(f, cur, s); cur = s;
@@ -309,7 +375,7 @@ async function main() {
         if (start[i] > s) continue;
         let rec = lows.get(i);
         if (!rec) { rec = { k0: k, lo: [] }; lows.set(i, rec); }
-        rec.lo.push(fenPrefix(f, i));
+        rec.lo.push(aggTop[k] + fenPrefix(f, i));
       }
     }
     drawnSet = new Set();
@@ -349,8 +415,10 @@ async function main() {
     drawCursor();
     drawMinimap();
     $("range").textContent = "events " + Math.max(0, v0 - 1) + " to " + Math.max(0, v1 - 1) + " of " + E +
-      "; " + drawnSet.size + " allocations drawn one by one, smaller ones aggregated (grey)";
+      "; " + drawnSet.size + " allocations drawn one by one, smaller ones summed in " + nBands + " band" +
+      (nBands === 1 ? "" : "s") + " by " + (colorBy === "op" ? "op" : "stack frame") + " (at the bottom)";
     body.dataset.drawn = String(drawnSet.size);
+    body.dataset.bands = String(nBands);
     body.dataset.view = v0 + "-" + v1;
     body.dataset.drawMs = String(Math.round(performance.now() - t));
   }
@@ -418,7 +486,7 @@ async function main() {
   $("reset").onclick = () => setView(0, E);
   $("color-by").onchange = (e) => { colorBy = e.target.value; draw(); };
 
-  let hoverFen = null, hoverState = -1;
+  let hoverFen = null, hoverState = -1, hoverGen = -1;
   function hitTimeline(e) {
     const r = canvas.getBoundingClientRect();
     const x = e.clientX - r.left, y = e.clientY - r.top;
@@ -426,11 +494,17 @@ async function main() {
     for (const o of ooms) if (Math.abs(X(o.event + 1) - x) <= 4) return { oom: o };
     let lo = 0, hi = nSamples - 1;
     while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (sx0[mid] <= x) lo = mid; else hi = mid - 1; }
-    const s = sst[lo];
+    const s = sst[lo], k = lo;
     const b = (M.t + PH - y) * ymax / PH;
     if (b >= total[s]) return { state: s, alloc: -1 };
-    if (hoverState !== s) { hoverFen = fenwickAt(s); hoverState = s; }
-    return { state: s, alloc: fenFind(hoverFen, b) };
+    if (b < aggTop[k]) {  // in a band: which group
+      for (let j = 0, acc = 0; j < nBands; j++) {
+        acc += bandVal[j * nSamples + k];
+        if (b < acc) return { state: s, alloc: -1, band: j, col: k };
+      }
+    }
+    if (hoverState !== s || hoverGen !== drawGen) { hoverFen = fenwickAt(s); hoverState = s; hoverGen = drawGen; }
+    return { state: s, alloc: fenFind(hoverFen, b - aggTop[k]) };
   }
   function oomText(o) {
     const lines = ["OUT OF MEMORY (" + o.source + (o.source === "recorded" && o.replayed === false ? "; the replay did not run out" : "") + ")",
@@ -444,9 +518,14 @@ async function main() {
   function hoverText(h) {
     if (h.oom) return oomText(h.oom);
     const head = "after " + eventText(h.state - 1) + ": " + fmt(total[h.state]) + " live";
+    if (h.band !== undefined) {
+      const o = h.band * nSamples + h.col, c = bandCnt[o];
+      return (colorBy === "op" ? "op: " : "stack frame: ") + bandName(h.band) + "\n" + c + " allocation" +
+        (c === 1 ? "" : "s") + ", " + fmtLong(bandVal[o]) + " live, each too small to draw at this zoom" +
+        "\n(zoom in to see them one by one)\n\n" + head;
+    }
     if (h.alloc < 0) return head;
-    const note = drawnSet.has(h.alloc) ? "" : "\n(aggregated in grey at this zoom: zoom in to see it drawn)";
-    return allocText(h.alloc, false) + "\n\n" + head + note;
+    return allocText(h.alloc, false) + "\n\n" + head;
   }
   canvas.addEventListener("mousemove", (e) => {
     if (drag) {
@@ -461,7 +540,8 @@ async function main() {
     }
     const h = hitTimeline(e);
     if (!h) { hideTip(); return; }
-    canvas.dataset.hover = h.oom ? "oom" : h.alloc >= 0 ? String(h.alloc) : "";
+    canvas.dataset.hover = h.oom ? "oom" : h.band !== undefined ? "band:" + bandName(h.band)
+      : h.alloc >= 0 ? String(h.alloc) : "";
     showTip(e, hoverText(h));
   });
   canvas.addEventListener("mouseleave", hideTip);
@@ -526,7 +606,7 @@ async function main() {
     const sums = new Map();
     for (let i = 0; i < N; i++) {
       if (start[i] > state || end[i] <= state) continue;
-      const key = byOp ? (opOf[i] >= 0 ? ops[opOf[i]] : "(no op)") : topFrame(stackOf[i]);
+      const key = byOp ? (opOf[i] >= 0 ? ops[opOf[i]] : "(no op)") : groupOf[i] >= 0 ? groupNames[groupOf[i]] : "(no stack)";
       const g = sums.get(key) || [0, 0];
       g[0] += size[i]; g[1] += 1; sums.set(key, g);
     }
@@ -632,7 +712,7 @@ async function main() {
       let x = LW, off = 0;
       for (const [bsize, state, owner] of blocks) {
         const ww = Math.max(1, bw * bsize / total_);
-        sctx.fillStyle = state === 0 && owner >= 0 && stackOf[owner] >= 0 ? "hsl(" + hue(stackOf[owner] + 1) + ",60%,50%)" : SCOL[state];
+        sctx.fillStyle = state === 0 && owner >= 0 && groupOf[owner] >= 0 ? "hsl(" + hue(groupOf[owner] + 1) + ",60%,50%)" : SCOL[state];
         sctx.fillRect(LW + bw * off / total_, y, ww, RH - 5);
         segHits.push([LW + bw * off / total_, y, ww, RH - 5, a, total_, stream, bsize, state, owner]);
         off += bsize; x += ww;
@@ -671,12 +751,23 @@ async function main() {
   body.dataset.firstDrawMs = String(Math.round(performance.now() - T0));
   body.dataset.ready = "1";
   window.accelrtView = { draw, setView, select, hitTimeline, hoverText, drawn: () => [...drawnSet],
-    X: (s) => X(s), Y: (b) => Y(b), lowerAt: (i, s) => fenPrefix(fenwickAt(s), i), total, start, end, size };
+    X: (s) => X(s), Y: (b) => Y(b), total, start, end, size,
+    lowerAt: (i, s) => {  // where allocation i is drawn in the column sampling state s
+      const rec = lows.get(i), k = sst.indexOf(s);
+      return rec && k >= rec.k0 && k < rec.k0 + rec.lo.length ? rec.lo[k - rec.k0] : NaN;
+    },
+    bands: () => bandKey.map((key, j) => {  // each band's name and its tallest column
+      let best = 0;
+      for (let k = 1; k < nSamples; k++) if (bandVal[j * nSamples + k] > bandVal[j * nSamples + best]) best = k;
+      let lo = 0;
+      for (let q = 0; q < j; q++) lo += bandVal[q * nSamples + best];
+      return { name: bandName(j), x: (sx0[best] + sx1[best]) / 2, lo: lo, bytes: bandVal[j * nSamples + best] };
+    }) };
   if (location.hash.startsWith("#selftest")) selftest(location.hash);
 }
 
 // A check the browser tests run through --dump-dom: hover every drawn allocation (or up to
-// 400), zoom, and write what happened into <pre id="selftest">.
+// 400) and every group band, zoom, and write what happened into <pre id="selftest">.
 function selftest(hash) {
   const V = window.accelrtView, canvas = $("timeline");
   const r = canvas.getBoundingClientRect();
@@ -700,6 +791,14 @@ function selftest(hash) {
       break;
     }
     if (hit) out.hovers.push(hit);
+  }
+  // the groups too small to draw one by one: hover the middle of each band's tallest column
+  out.bands = [];
+  for (const band of V.bands()) {
+    const cx = Math.round(r.left + band.x), cy = Math.round(r.top + (V.Y(band.lo) + V.Y(band.lo + band.bytes)) / 2);
+    canvas.dispatchEvent(new MouseEvent("mousemove", { clientX: cx, clientY: cy, bubbles: true }));
+    out.bands.push({ name: band.name, bytes: band.bytes, px: V.Y(band.lo) - V.Y(band.lo + band.bytes),
+      hovered: canvas.dataset.hover, tip: tip.textContent });
   }
   const before = body.dataset.view + "/" + body.dataset.drawn;
   canvas.dispatchEvent(new WheelEvent("wheel", { deltaY: -100, clientX: r.left + canvas.clientWidth / 2, clientY: r.top + 100, bubbles: true, cancelable: true }));
