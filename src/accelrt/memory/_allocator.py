@@ -234,13 +234,8 @@ class CachingAllocator:
             is unchanged except for cached memory released on the way, pages mapped on the way
             (they stay cached) and the ``num_ooms`` counter.
         """
-        if type(nbytes) is not int:
-            nbytes = _as_size(nbytes)
-        if nbytes < 1 or nbytes > MAX_REQUEST_BYTES:
-            raise ValueError(
-                f"allocation size must be between 1 and 2**60 bytes, got {nbytes}"
-                + (": no device has that much memory" if nbytes > MAX_REQUEST_BYTES else "")
-            )
+        if type(nbytes) is not int or not 0 < nbytes <= MAX_REQUEST_BYTES:
+            nbytes = _request_size(nbytes, "device")
         with self._lock:
             try:  # atomic: all or nothing, even under KeyboardInterrupt
                 if self._finalized:
@@ -653,10 +648,7 @@ class CachingAllocator:
         """
         with self._lock:
             if self._active.get(block.address) is not block or not block.allocated:
-                raise ValueError(
-                    f"{self.device_name}: block at {block.address:#x} is not allocated by this "
-                    "allocator (freed twice, or from another device)"
-                )
+                raise _not_allocated(self.device_name, block.address)
             try:  # atomic: all or nothing, even under KeyboardInterrupt
                 stats = self.stats
                 is_small = block.pool.is_small
@@ -1279,6 +1271,34 @@ def _mapped_runs(blocks: list[Block]) -> list[list[Block]]:
     if current:
         runs.append(current)
     return runs
+
+
+def _request_size(value: Any, memory: str) -> int:
+    """A malloc request's bytes, an int in [1, 2**60]: the one check of every allocator
+    (device, host, compiled). ``memory`` names what no one has that much of.
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is not an integer (``bool`` included).
+    ValueError
+        If it is out of range.
+    """
+    nbytes = value if type(value) is int else _as_size(value)
+    if nbytes < 1 or nbytes > MAX_REQUEST_BYTES:
+        raise ValueError(
+            f"allocation size must be between 1 and 2**60 bytes, got {nbytes}"
+            + (f": no {memory} has that much memory" if nbytes > MAX_REQUEST_BYTES else "")
+        )
+    return nbytes
+
+
+def _not_allocated(device_name: str, address: int) -> ValueError:
+    """The error of a free (or record_stream) of a block this allocator has not handed out."""
+    return ValueError(
+        f"{device_name}: block at {address:#x} is not allocated by this allocator (freed "
+        "twice, or from another device)"
+    )
 
 
 def _as_size(value: Any) -> int:

@@ -38,10 +38,9 @@ from .._device import Device, DeviceLike
 from .._errors import OutOfMemoryError
 from .._units import format_bytes
 from ..backends._base import Backend
-from ._allocator import _as_size
+from ._allocator import _as_size, _request_size
 from ._atomic import PENDING, atomic, deliver, protect_sigint, register
 from ._host_buffer import HostBuffer
-from ._policy import MAX_REQUEST_BYTES
 from ._segments import HostMemorySource
 from ._stats import Stat
 
@@ -335,13 +334,7 @@ class HostCachingAllocator:
         AcceleratorError
             For a driver error (nothing changed).
         """
-        if type(nbytes) is not int:
-            nbytes = _as_size(nbytes)
-        if nbytes < 1 or nbytes > MAX_REQUEST_BYTES:
-            raise ValueError(
-                f"allocation size must be between 1 and 2**60 bytes, got {nbytes}"
-                + (": no host has that much memory" if nbytes > MAX_REQUEST_BYTES else "")
-            )
+        nbytes = _request_size(nbytes, "host")
         size = 1 << (nbytes - 1).bit_length()
         with self._lock:
             try:  # atomic: all or nothing, even under KeyboardInterrupt

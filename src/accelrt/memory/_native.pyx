@@ -29,7 +29,7 @@ cimport cython
 from cython.operator cimport dereference as deref
 from fastrlock.rlock cimport create_fastrlock, lock_fastrlock, unlock_fastrlock
 
-from ._allocator import _as_size
+from ._allocator import _not_allocated, _request_size
 from .._errors import OutOfMemoryError
 from ._atomic import PENDING, deliver
 from ._block import DEFAULT_POOL_ID
@@ -470,20 +470,17 @@ cdef class ActiveBlocks:
 
 # ---------------------------------------------------------------------- the hit path
 cdef int64_t _request_bytes(object nbytes) except -1:
-    """A request's size in bytes, checked as CachingAllocator.malloc checks it."""
-    if type(nbytes) is not int:
-        nbytes = _as_size(nbytes)
-    cdef int64_t n
-    try:
-        n = nbytes
-    except OverflowError:  # beyond int64: refused below with the caller's value
-        n = K_MAX_REQUEST_BYTES + 1 if nbytes > 0 else 0
-    if n < 1 or n > K_MAX_REQUEST_BYTES:
-        raise ValueError(
-            f"allocation size must be between 1 and 2**60 bytes, got {nbytes}"
-            + (": no device has that much memory" if n > K_MAX_REQUEST_BYTES else "")
-        )
-    return n
+    """A request's size in bytes: an in-range int at C speed, anything else through the
+    allocators' one check (memory/_allocator.py ``_request_size``), which raises."""
+    cdef int64_t n = 0
+    if type(nbytes) is int:
+        try:
+            n = nbytes
+        except OverflowError:  # beyond int64: the check below refuses it
+            n = 0
+        if 0 < n <= K_MAX_REQUEST_BYTES:
+            return n
+    return _request_size(nbytes, "device")
 
 
 
@@ -759,10 +756,7 @@ cdef class HotPath:
         lock_fastrlock(self._lock, -1, True)
         try:
             if self._active.find(block.address) != <PyObject*>block or not block.allocated:
-                raise ValueError(
-                    f"{self.device_name}: block at {block.address:#x} is not allocated by this "
-                    "allocator (freed twice, or from another device)"
-                )
+                raise _not_allocated(self.device_name, block.address)
             is_small = block.pool.is_small
             if self._observer is not None:
                 ran_python = True
