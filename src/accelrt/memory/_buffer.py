@@ -44,6 +44,12 @@ class MemoryHandle:
         def free(self) -> None: ...
         def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
 
+    @property
+    def freed(self) -> bool:
+        """True once the memory has been given back."""
+        handle: Any = self  # a Buffer or HostBuffer: both have _block
+        return handle._block is None and self.nbytes > 0
+
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
         """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
 
@@ -164,11 +170,6 @@ class Buffer(_Base, MemoryHandle):
     def stream(self) -> Stream:
         """The stream the memory was allocated on."""
         return self._stream
-
-    @property
-    def freed(self) -> bool:
-        """True once the memory has been given back."""
-        return self._block is None and self.nbytes > 0
 
     @property
     def block(self) -> Block:

@@ -97,11 +97,6 @@ class HostBuffer(MemoryHandle):
         return self._pinned
 
     @property
-    def freed(self) -> bool:
-        """True once the memory has been given back."""
-        return self._block is None and self.nbytes > 0
-
-    @property
     def block(self) -> HostBlock:
         """The host allocator's block behind the buffer.
 
