@@ -438,8 +438,11 @@ def test_ctrl_c_in_a_terminal_exits_130_without_tracebacks(traces: dict[str, str
     argv = [*command, "sweep", traces["example"], "--find-capacity",
             "--grid", "max_split_size_mb=" + ",".join(str(n) for n in range(20, 60)),
             "--workers", "2", "--no-progress"]  # fmt: skip
+    # the Python core, so that the sweep is surely still running when Ctrl-C comes (the
+    # compiled core can finish it within the 2 s)
+    env = {**os.environ, "ACCELRT_PURE_PYTHON": "1"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     time.sleep(2)  # let it start its workers (an earlier Ctrl-C is handled the same way)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
