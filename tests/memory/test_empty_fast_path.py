@@ -101,3 +101,62 @@ def test_arguments_and_errors_are_the_reference_ones(two_sims: None) -> None:
     side = acc.Stream(device=1)
     assert acc.empty(512, stream=side).stream == side
     assert acc.memory_stats(0)["allocation.all.current"] == 0  # nothing left allocated
+
+
+def test_threads_taking_turns_each_see_their_own_device(two_sims: None) -> None:
+    # The compiled empty(n) remembers the last thread's cache: turns between two threads on
+    # different devices must switch it every time.
+    acc.set_device_index(1)
+    _warm()
+    turn = [threading.Event(), threading.Event()]
+    seen: list[tuple[str, int | None]] = []
+
+    def other_thread() -> None:
+        _warm()  # this thread stays on device 0
+        for _ in range(5):
+            turn[1].wait()
+            turn[1].clear()
+            seen.append(("other", acc.empty(512).device.index))
+            turn[0].set()
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    for _ in range(5):
+        seen.append(("main", acc.empty(512).device.index))
+        turn[1].set()
+        turn[0].wait()
+        turn[0].clear()
+    worker.join()
+    assert seen == [("main", 1), ("other", 0)] * 5
+
+
+def test_buffer_is_one_class_with_the_whole_api(two_sims: None) -> None:
+    _warm()
+    buffer = acc.empty(512)
+    assert type(buffer) is acc.Buffer and isinstance(buffer, acc.Buffer)
+    assert acc.Buffer.__doc__ is not None and "A block of device memory" in acc.Buffer.__doc__
+    assert (len(buffer), buffer.device, buffer.stream) == (
+        512,
+        acc.Device("sim", 0),
+        acc.current_stream(),
+    )
+    assert buffer.allocator is acc.memory.get_allocator(0) and buffer.block.address == buffer.ptr
+    assert repr(buffer) == f"Buffer(ptr={buffer.ptr:#x}, nbytes=512, device=sim:0)"
+    with buffer as same:
+        assert same is buffer and not buffer.freed
+    assert buffer.freed and repr(buffer).endswith("sim:0 freed)")
+    assert acc.memory_stats()["allocation.all.current"] == 0
+
+
+def test_a_dropped_buffer_is_freed_at_once_and_waits_inside_an_operation(two_sims: None) -> None:
+    _warm()
+    allocator = acc.memory.get_allocator(0)
+    acc.empty(4096)  # dropped: the finaliser frees it now
+    assert acc.memory_stats()["allocation.all.current"] == 0
+    buffer = acc.empty(4096)
+    block, address = buffer.block, buffer.ptr
+    with allocator._lock:  # as if the garbage collector ran inside an allocator call
+        del buffer
+        assert block.allocated and acc.memory_stats()["allocation.all.current"] == 1
+    again = acc.empty(4096)  # the next operation ran the free first
+    assert again.ptr == address and acc.memory_stats()["allocation.all.current"] == 1

@@ -109,7 +109,7 @@ register(empty)
 if not TYPE_CHECKING and _core.native is not None:
     # The compiled form takes the common call, empty(n), without a Python frame; it falls
     # back to the function above for every other call (memory/_native.pyx).
-    _core.native.install_empty(_runtime, Buffer, empty)
+    _core.native.install_empty(_runtime, empty)
     _core.native.empty.__doc__ = empty.__doc__
     empty = _core.native.empty
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ._allocator import CachingAllocator
     from ._block import Block
 
-__all__ = ["ArrayOwner", "Buffer", "MemoryHandle"]
+__all__ = ["ArrayOwner", "Buffer", "FreedWhenCollected", "MemoryHandle"]
 
 _H = TypeVar("_H", bound="MemoryHandle")
 
@@ -32,9 +32,8 @@ class ArrayOwner:
 
 
 class MemoryHandle:
-    """What :class:`Buffer` and ``HostBuffer`` share: use as a context manager, ``len``, the
-    DLPack export of ``numpy()``, and a finaliser that gives the block back without
-    re-entering an allocator."""
+    """What :class:`Buffer` and ``HostBuffer`` share: use as a context manager, ``len``, and
+    the DLPack export of ``numpy()``."""
 
     __slots__ = ()
     nbytes: int
@@ -78,6 +77,14 @@ class MemoryHandle:
     def __len__(self) -> int:
         return self.nbytes
 
+
+class FreedWhenCollected:
+    """The Python finaliser of memory handles (``HostBuffer``, and ``Buffer`` where the
+    compiled core does not run; the compiled ``Buffer`` has its own): garbage collection
+    gives the block back, without re-entering an allocator."""
+
+    __slots__ = ()
+
     def __del__(self) -> None:
         # A finaliser may run anywhere, even inside an allocator call on this thread (the
         # garbage collector runs when objects are made): free_soon never re-enters one.
@@ -93,13 +100,13 @@ class MemoryHandle:
                 deliver()
 
 
-register(MemoryHandle.__del__)
+register(FreedWhenCollected.__del__)
 
 
-class _BufferFields:
-    """The fields, ``free`` and finaliser of :class:`Buffer` in Python: its base where the
-    compiled core does not run (the compiled ``BufferCore`` of memory/_native.pyx, its twin,
-    is the base elsewhere)."""
+class _BufferFields(FreedWhenCollected):
+    """The fields, ``free`` and finaliser of :class:`Buffer` in Python, where the compiled
+    core does not run (elsewhere ``Buffer`` is memory/_native.pyx's compiled type, this
+    class's twin, given the Python-level part, ``_BufferAPI``)."""
 
     __slots__ = ("__weakref__", "_allocator", "_block", "_stream", "nbytes", "ptr")
 
@@ -129,13 +136,10 @@ class _BufferFields:
 
 register(_BufferFields.free)
 
-if TYPE_CHECKING or native is None:  # noqa: SIM108 (mypy types the first branch)
-    _Base = _BufferFields
-else:
-    _Base = native.BufferCore
 
-
-class Buffer(_Base, MemoryHandle):
+# Buffer's Python-level part, written once for both cores: the Python Buffer below derives
+# from it; the compiled one adopts it (memory/_native.pyx ``adopt``). Its docstring is Buffer's.
+class _BufferAPI(MemoryHandle):
     """A block of device memory handed out by ``accelrt.empty``.
 
     Attributes
@@ -160,6 +164,11 @@ class Buffer(_Base, MemoryHandle):
     """
 
     __slots__ = ()
+    if TYPE_CHECKING:  # the fields, from _BufferFields or the compiled type
+        _allocator: CachingAllocator | None
+        _block: Block | None
+        _stream: Stream
+        ptr: int
 
     @property
     def device(self) -> Device:
@@ -370,3 +379,14 @@ class Buffer(_Base, MemoryHandle):
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
         return f"Buffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device={self.device!s}{state})"
+
+
+if TYPE_CHECKING or native is None:
+
+    class Buffer(_BufferFields, _BufferAPI):
+        __doc__ = _BufferAPI.__doc__
+        __slots__ = ()
+
+else:  # the compiled type, given the Python-level part above (memory/_native.pyx)
+    Buffer = native.Buffer
+    native.adopt(Buffer, _BufferAPI)

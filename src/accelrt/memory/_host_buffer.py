@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._device import Device
 from ._atomic import PENDING, deliver, register
-from ._buffer import ArrayOwner, MemoryHandle
+from ._buffer import ArrayOwner, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["HostBuffer"]
 
 
-class HostBuffer(MemoryHandle):
+class HostBuffer(MemoryHandle, FreedWhenCollected):
     """Host memory handed out by ``accelrt.empty_host`` (pinned where the backend can pin).
 
     Attributes

@@ -20,7 +20,7 @@ functions are registered with memory/_atomic.py by memory/_core.py, as the Pytho
 """
 
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_REFCNT, PyObject
-from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint64_t
 from libcpp.map cimport map as cmap
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
@@ -35,7 +35,7 @@ from ._atomic import PENDING, deliver
 from ._block import DEFAULT_POOL_ID
 from ._segments import ExpandableSegment
 
-__all__ = ["ActiveBlocks", "Block", "BlockPool", "BufferCore", "HotPath", "Stat", "StatArray"]
+__all__ = ["ActiveBlocks", "Block", "BlockPool", "Buffer", "HotPath", "Stat", "StatArray"]
 
 cdef object _DEFAULT_POOL_ID = DEFAULT_POOL_ID
 cdef int64_t K_MIN_BLOCK_SIZE = 512
@@ -779,6 +779,15 @@ cdef class HotPath:
                 deliver()
         return 0
 
+    cdef int free_collected(self, Block block) except -1:
+        """``free_soon`` for a buffer's finaliser: free now unless this thread is inside one
+        of this allocator's operations (then the reference's ``free_soon`` defers it)."""
+        if self._lock._is_owned():
+            self.free_soon(block)
+        else:
+            self.free_c(block)
+        return 0
+
     def _free_block(self, Block block not None):
         self.free_block(block)
 
@@ -879,15 +888,17 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
 
 
 # ---------------------------------------------------------------------- the public fast path
+@cython.final
 @cython.freelist(64)
-cdef class BufferCore:
-    """The fields, ``free`` and finaliser of ``accelrt.memory.Buffer``, compiled.
+cdef class Buffer:
+    # accelrt.Buffer where the compiled core runs: its fields, free and finaliser in C.
+    # memory/_buffer.py writes the rest of the class once, in Python, docstring included, and
+    # gives it to this type (adopt; a docstring here would hide the adopted one). On the pure
+    # core Buffer is a Python class with the same fields (_BufferFields). A final type with a
+    # free list: making and dropping a buffer allocates nothing and runs no Python code.
 
-    ``Buffer`` (memory/_buffer.py) derives from this class where the compiled core runs, and
-    from its Python twin ``_BufferFields`` where it does not; the two behave the same.
-    """
-
-    cdef public object _allocator, _block, _stream, nbytes, ptr
+    cdef public object _allocator, _block, _stream, nbytes
+    cdef readonly int64_t ptr
     cdef object __weakref__
 
     def __init__(self, allocator, block, nbytes, stream):
@@ -896,6 +907,9 @@ cdef class BufferCore:
         self._stream = stream
         self.nbytes = nbytes
         self.ptr = block.address if block is not None else 0
+
+    def __len__(self):  # a slot, so compiled here (adopt cannot fill a type's sq_length)
+        return self.nbytes
 
     def free(self):
         """Give the memory back to the caching allocator. Freeing twice does nothing."""
@@ -908,18 +922,63 @@ cdef class BufferCore:
         else:
             self._allocator.free(block)
 
-    def __del__(self):
-        # A finaliser may run anywhere, even inside an allocator call on this thread (the
-        # garbage collector runs when objects are made): free_soon never re-enters one.
+    def __dealloc__(self):
+        # The finaliser (a __dealloc__, not a __del__: no Python-level call on every buffer's
+        # death). It may run anywhere, even inside an allocator call on this thread (the
+        # garbage collector runs when objects are made): the block is then freed as that call
+        # ends, never half-way through it.
         block = self._block
-        if block is None:
+        if block is None or self._allocator is None:
             return
         self._block = None
-        if self._allocator is not None:
-            try:
+        try:
+            if isinstance(self._allocator, HotPath):
+                (<HotPath>self._allocator).free_collected(block)
+            else:
                 self._allocator.free_soon(block)
-            except Exception:  # a finaliser never raises
-                pass
+        except Exception:  # a finaliser never raises
+            pass
+
+
+cdef extern from *:
+    """
+    // Set an attribute of a static (immutable) type as type.__setattr__ does for a class,
+    // slots included (a __len__ fills sq_length): the flag is lifted for that one call.
+    static int accelrt_set_type_attr(PyObject* type, PyObject* name, PyObject* value) {
+        PyTypeObject* t = (PyTypeObject*)type;
+        unsigned long flags = t->tp_flags;
+        t->tp_flags &= ~Py_TPFLAGS_IMMUTABLETYPE;
+        int rc = PyObject_SetAttr(type, name, value);
+        t->tp_flags = flags;
+        return rc;
+    }
+    """
+    int accelrt_set_type_attr(object type, object name, object value) except -1
+
+
+cdef frozenset _NOT_ADOPTED = frozenset({
+    "__annotations__", "__dict__", "__module__", "__orig_bases__", "__parameters__",
+    "__qualname__", "__slots__", "__weakref__",
+})
+
+
+def adopt(type cls, type source):
+    """Give the compiled type ``cls`` the Python-level attributes of ``source`` and its bases.
+
+    ``source`` (memory/_buffer.py) holds the part of ``Buffer`` written in Python: properties,
+    methods, special methods and the class docstring. Each is set on ``cls`` as on a Python
+    class (special methods fill their slots), base classes first; what ``cls`` defines itself
+    (its fields, ``__init__``, ``free``) is kept, so the class is written once for both cores.
+    Called once, at import.
+    """
+    own = cls.__dict__
+    for klass in reversed(source.__mro__):
+        if klass is object:  # its attributes are cls's already
+            continue
+        for name, value in vars(klass).items():
+            if name in _NOT_ADOPTED or (name in own and name != "__doc__"):
+                continue
+            accelrt_set_type_attr(cls, name, value)
 
 
 @cython.final
@@ -948,34 +1007,47 @@ cdef class _Current:
 
 
 cdef Epoch _state_epoch = Epoch()
-cdef object _buffer_type = None  # accelrt.memory.Buffer
 cdef object _reference_empty = None  # memory/_api.py's empty: every case but the common one
 cdef str _CACHE_KEY = "accelrt.memory.empty"
+# The thread that last called empty(n), and its cache: a program allocating from one thread
+# finds its cache without a dict lookup. Thread state ids are never reused.
+cdef uint64_t _last_thread = 0
+cdef _Current _last_current = None
 
 
-def install_empty(runtime, buffer_type, reference_empty):
+def install_empty(runtime, reference_empty):
     """Give :func:`empty` what it needs; memory/_api.py calls this once.
 
     ``runtime`` is ``accelrt._runtime``: its ``STATE_EPOCH`` is replaced by an :class:`Epoch`
     with the same value, which the runtime bumps as before and this module reads from C.
     """
-    global _state_epoch, _buffer_type, _reference_empty
+    global _state_epoch, _reference_empty
     _state_epoch = Epoch(runtime.STATE_EPOCH.value)
     runtime.STATE_EPOCH = _state_epoch
-    _buffer_type, _reference_empty = buffer_type, reference_empty
+    _reference_empty = reference_empty
 
 
 cdef extern from *:
     """
-    // A new instance of a heap subclass of BufferCore, as its tp_new makes it (no __init__).
-    static inline PyObject* accelrt_new_instance(PyObject* type) {
-        static PyObject* no_args = NULL;
-        if (no_args == NULL && (no_args = PyTuple_New(0)) == NULL) return NULL;
-        return ((PyTypeObject*)type)->tp_new((PyTypeObject*)type, no_args, NULL);
+    // This thread state's unique id (PyThreadState_GetID of the running thread).
+    static inline uint64_t accelrt_thread_id(void) {
+        return PyThreadState_GetID(PyThreadState_Get());
     }
     """
     PyObject* PyThreadState_GetDict()
-    object accelrt_new_instance(object type)
+    uint64_t accelrt_thread_id()
+
+
+cdef _Current _cached_current():
+    """This thread's cache for :func:`empty`, or None."""
+    global _last_thread, _last_current
+    cdef uint64_t thread = accelrt_thread_id()
+    if thread == _last_thread:
+        return _last_current
+    cached = (<dict>PyThreadState_GetDict()).get(_CACHE_KEY)
+    if cached is not None:
+        _last_thread, _last_current = thread, <_Current>cached
+    return <_Current>cached
 
 
 def empty(nbytes, *, device=None, stream=None):
@@ -986,39 +1058,38 @@ def empty(nbytes, *, device=None, stream=None):
     uses a per-thread cache of the current device's allocator and stream, valid while
     ``accelrt._runtime.STATE_EPOCH`` is unchanged; every other call is the Python function's.
     """
-    cdef dict thread_dict
+    global _last_thread, _last_current
     cdef _Current current
-    cdef int64_t n
-    cdef BufferCore buffer
+    cdef Buffer buffer
     cdef Block block
     if device is None and stream is None and type(nbytes) is int:
-        thread_dict = <dict>PyThreadState_GetDict()
-        cached = thread_dict.get(_CACHE_KEY)
-        if cached is not None and 0 < nbytes <= K_MAX_REQUEST_BYTES:
-            current = <_Current>cached
-            if current.epoch == _state_epoch.value:
-                n = nbytes
-                block = current.allocator.malloc_c(n, current.handle)
-                buffer = <BufferCore>accelrt_new_instance(_buffer_type)
-                buffer._allocator = current.allocator
-                buffer._block = block
-                buffer._stream = current.stream
-                buffer.nbytes = nbytes
-                buffer.ptr = block.address
-                return buffer
+        current = _cached_current()
+        if (
+            current is not None
+            and current.epoch == _state_epoch.value
+            and 0 < nbytes <= K_MAX_REQUEST_BYTES
+        ):
+            block = current.allocator.malloc_c(<int64_t>nbytes, current.handle)
+            buffer = Buffer.__new__(Buffer)
+            buffer._allocator = current.allocator
+            buffer._block = block
+            buffer._stream = current.stream
+            buffer.nbytes = nbytes
+            buffer.ptr = block.address
+            return buffer
     cdef int64_t epoch = _state_epoch.value
     result = _reference_empty(nbytes, device=device, stream=stream)
     if (
         device is None
         and stream is None
-        and isinstance(result, BufferCore)
-        and isinstance((<BufferCore>result)._allocator, HotPath)
+        and isinstance(result, Buffer)
+        and isinstance((<Buffer>result)._allocator, HotPath)
     ):
         current = _Current.__new__(_Current)
         current.epoch = epoch
-        current.allocator = (<BufferCore>result)._allocator
-        current.stream = (<BufferCore>result)._stream
+        current.allocator = (<Buffer>result)._allocator
+        current.stream = (<Buffer>result)._stream
         current.handle = current.stream._handle
-        thread_dict = <dict>PyThreadState_GetDict()
-        thread_dict[_CACHE_KEY] = current
+        (<dict>PyThreadState_GetDict())[_CACHE_KEY] = current
+        _last_thread, _last_current = accelrt_thread_id(), current
     return result
