@@ -22,6 +22,7 @@ functions are registered with memory/_atomic.py by memory/_core.py, as the Pytho
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_REFCNT, PyObject
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint64_t
 from libcpp.map cimport map as cmap
+from libcpp.utility cimport pair
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
@@ -422,13 +423,13 @@ cdef class ActiveBlocks:
         self._map.clear()
 
     cdef inline int put(self, Block block) except -1:
-        cdef unordered_map[int64_t, BlockRef].iterator found = self._map.find(block.address)
+        cdef pair[unordered_map[int64_t, BlockRef].iterator, bint] placed = self._map.insert(
+            pair[int64_t, BlockRef](block.address, <PyObject*>block)
+        )
         Py_INCREF(block)
-        if found != self._map.end():
-            Py_DECREF(<object>deref(found).second)
-            deref(found).second = <PyObject*>block
-        else:
-            self._map[block.address] = <PyObject*>block
+        if not placed.second:  # the address was filed: replace its block
+            Py_DECREF(<object>deref(placed.first).second)
+            deref(placed.first).second = <PyObject*>block
         return 0
 
     cdef inline PyObject* find(self, int64_t address) noexcept:
