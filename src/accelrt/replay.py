@@ -246,7 +246,7 @@ def replay(
             handle = handles[stream] = 0 if stream == 0 else backend.stream_create(index, 0)
         return handle
 
-    blocks: dict[int, Block] = {}
+    blocks = type(allocator)._ActiveBlocks()  # a dict, or the compiled core's map of them
     ooms: list[OomRecord] = []
     total = len(trace.events)
     try:

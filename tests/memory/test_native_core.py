@@ -159,3 +159,26 @@ def test_compiled_core_is_selected_and_distinct() -> None:
     block = _core.CachingAllocator(backend, 0).malloc(1000, 0)
     assert type(block).__module__ == "accelrt.memory._native"
     assert (block.size, block.requested_size) == (1024, 1000)
+
+
+def test_active_blocks_behave_as_the_dict_they_replace() -> None:
+    # The compiled map of blocks by address stands in for a dict (the allocator's _active,
+    # replay's live blocks): the same results and errors for what those do with it.
+    assert _core.native is not None
+    blocks = [_core.Block(0x1000 * i, 512, 0, None, None) for i in range(3)]
+    compiled, reference = _core.native.ActiveBlocks(), {}
+    for mapping in (compiled, reference):
+        mapping.update([(10, blocks[0]), (20, blocks[1])])
+        mapping[20] = blocks[2]  # filed again: replaced
+        mapping[30] = blocks[1]  # any address, not only the block's own
+    assert len(compiled) == len(reference) == 3
+    assert sorted(map(id, compiled.values())) == sorted(map(id, reference.values()))
+    for mapping in (compiled, reference):
+        assert mapping.get(20) is blocks[2] and mapping.get(40, "none") == "none"
+        assert mapping.pop(10) is blocks[0] and mapping.pop(10, None) is None
+        with pytest.raises(KeyError, match="10"):
+            mapping.pop(10)
+        del mapping[30]
+        with pytest.raises(KeyError, match="30"):
+            del mapping[30]
+        assert list(mapping.values()) == [blocks[2]]

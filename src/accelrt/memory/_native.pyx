@@ -406,10 +406,12 @@ cdef class BlockPool:
 
 @cython.final
 cdef class ActiveBlocks:
-    """The allocated and pending-free blocks by address, in a C++ hash map.
+    """Blocks by address, in a C++ hash map: the allocator's allocated and pending-free blocks,
+    and a replay's live blocks by trace address.
 
-    What the Python code calls ``_active`` (a dict there): ``get``, item assignment and
-    deletion, ``values`` and ``len``. It holds a reference to each block.
+    What the Python code uses as a dict of int to Block (the allocator's ``_active``, replay's
+    live blocks): ``get``, ``pop``, ``update``, item assignment and deletion, ``values`` and
+    ``len``. It holds a reference to each block.
     """
 
     cdef unordered_map[int64_t, BlockRef] _map
@@ -422,9 +424,9 @@ cdef class ActiveBlocks:
             Py_DECREF(<object>item.second)
         self._map.clear()
 
-    cdef inline int put(self, Block block) except -1:
+    cdef inline int put(self, int64_t address, Block block) except -1:
         cdef pair[unordered_map[int64_t, BlockRef].iterator, bint] placed = self._map.insert(
-            pair[int64_t, BlockRef](block.address, <PyObject*>block)
+            pair[int64_t, BlockRef](address, <PyObject*>block)
         )
         Py_INCREF(block)
         if not placed.second:  # the address was filed: replace its block
@@ -438,12 +440,19 @@ cdef class ActiveBlocks:
             return NULL
         return deref(found).second
 
-    cdef inline bint discard(self, int64_t address) noexcept:
+    cdef inline PyObject* take(self, int64_t address) noexcept:
+        """Unfile the block at ``address`` and return the map's reference to it (NULL if none)."""
         cdef unordered_map[int64_t, BlockRef].iterator found = self._map.find(address)
         if found == self._map.end():
-            return False
+            return NULL
         cdef PyObject* block = deref(found).second
         self._map.erase(found)
+        return block
+
+    cdef inline bint discard(self, int64_t address) noexcept:
+        cdef PyObject* block = self.take(address)
+        if block == NULL:
+            return False
         Py_DECREF(<object>block)
         return True
 
@@ -452,10 +461,25 @@ cdef class ActiveBlocks:
         cdef PyObject* block = self.find(address)
         return default if block == NULL else <Block>block
 
+    def pop(self, int64_t address, *default):
+        """Remove and return the block at ``address``; ``default`` if there is none (or
+        KeyError if none was given), as ``dict.pop``."""
+        cdef PyObject* taken = self.take(address)
+        if taken == NULL:
+            if default:
+                return default[0]
+            raise KeyError(address)
+        block = <Block>taken
+        Py_DECREF(block)  # the map's reference; ``block`` holds its own
+        return block
+
+    def update(self, pairs):
+        """File each ``(address, block)`` of ``pairs``."""
+        for address, block in pairs:
+            self[address] = block
+
     def __setitem__(self, int64_t address, Block block not None):
-        if address != block.address:
-            raise ValueError(f"block at {block.address:#x} filed under {address:#x}")
-        self.put(block)
+        self.put(address, block)
 
     def __delitem__(self, int64_t address):
         if not self.discard(address):
@@ -630,7 +654,7 @@ cdef class HotPath:
         const int64_t[:] sizes,
         handles,
         int64_t handle,
-        dict blocks,
+        ActiveBlocks blocks not None,
         Py_ssize_t start,
         Py_ssize_t stop,
     ):
@@ -645,9 +669,9 @@ cdef class HotPath:
             The trace's addresses and byte counts.
         handles : int64 array or None
             Each event's stream handle; None when every event uses ``handle``.
-        blocks : dict of int to Block
-            The live blocks by trace address; allocs add to it, frees take from it (a free of
-            an address not in it is skipped).
+        blocks : ActiveBlocks
+            The live blocks by trace address (the allocator's ``_ActiveBlocks`` map); allocs
+            add to it, frees take from it (a free of an address not in it is skipped).
 
         Returns
         -------
@@ -666,7 +690,8 @@ cdef class HotPath:
             stream_of = handles
         cdef Py_ssize_t i
         cdef signed char code
-        cdef object found
+        cdef Block found
+        cdef PyObject* taken
         for i in range(start, stop):
             code = codes[i]
             if code == 0:
@@ -674,10 +699,12 @@ cdef class HotPath:
                     block = self.malloc_c(sizes[i], stream_of[i] if per_event else handle)
                 except OutOfMemoryError:
                     return i
-                blocks[addresses[i]] = block
+                blocks.put(addresses[i], block)
             elif code == 1:
-                found = blocks.pop(addresses[i], None)
-                if found is not None:
+                taken = blocks.take(addresses[i])
+                if taken != NULL:
+                    found = <Block>taken
+                    Py_DECREF(found)  # the map's reference; ``found`` holds its own
                     self.free_c(found)
             elif code == 2:
                 self.empty_cache()
@@ -737,7 +764,7 @@ cdef class HotPath:
             self._inactive_split.down(is_small, 1)
         block.allocated = True
         block.requested_size = nbytes
-        self._active.put(block)
+        self._active.put(block.address, block)
         self._allocation.up(is_small, 1)
         self._allocated_bytes.up(is_small, block.size)
         self._active_count.up(is_small, 1)
