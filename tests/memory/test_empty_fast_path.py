@@ -8,6 +8,8 @@ the same tests check the reference, which looks everything up on every call.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 
 import pytest
@@ -160,3 +162,13 @@ def test_a_dropped_buffer_is_freed_at_once_and_waits_inside_an_operation(two_sim
         assert block.allocated and acc.memory_stats()["allocation.all.current"] == 1
     again = acc.empty(4096)  # the next operation ran the free first
     assert again.ptr == address and acc.memory_stats()["allocation.all.current"] == 1
+
+
+def test_a_buffer_cannot_be_copied_or_pickled(two_sims: None) -> None:
+    # A copy would own the same block: its free would free another buffer's memory.
+    buffer = acc.empty(512)
+    for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match=r"an accelrt.Buffer owns its memory"):
+            duplicate(buffer)
+    buffer.free()
+    assert acc.memory_stats()["allocation.all.current"] == 0

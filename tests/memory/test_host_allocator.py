@@ -7,9 +7,11 @@ streams that used a block, ``empty_host_cache``, ``host_memory_stats()`` after e
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import os
+import pickle
 import random
 import sys
 import threading
@@ -620,3 +622,12 @@ def test_keyboard_interrupts_leave_the_host_allocator_consistent(
         buf.free()
     acc.empty_host_cache()
     assert counts(acc.host_memory_stats())["allocations.current"] == 0
+
+
+def test_a_host_buffer_cannot_be_copied_or_pickled(device: str) -> None:
+    host = acc.empty_host(KiB)
+    for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match=r"an accelrt.HostBuffer owns its memory"):
+            duplicate(host)
+    host.free()
+    assert acc.host_memory_stats()["active_requests.current"] == 0

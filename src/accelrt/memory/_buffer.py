@@ -74,6 +74,21 @@ class MemoryHandle:
     ) -> None:
         self.free()
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refuse ``copy.copy``, ``copy.deepcopy`` and ``pickle``: two handles owning one block
+        would free it twice, the second time perhaps after another buffer got the memory.
+
+        Raises
+        ------
+        TypeError
+            Always; ``accelrt.copy_`` copies the bytes into a buffer of their own.
+        """
+        raise TypeError(
+            f"an accelrt.{type(self).__name__} owns its memory and cannot be copied or "
+            "pickled; copy its bytes into memory of their own with accelrt.copy_ (to a new "
+            "buffer, or to a numpy array)"
+        )
+
     def __len__(self) -> int:
         return self.nbytes
 
