@@ -182,3 +182,16 @@ def test_active_blocks_behave_as_the_dict_they_replace() -> None:
         with pytest.raises(KeyError, match="30"):
             del mapping[30]
         assert list(mapping.values()) == [blocks[2]]
+
+
+def test_compiled_buffer_adopts_the_most_derived_python_definitions() -> None:
+    # Buffer's Python-level part overrides some of MemoryHandle's (CUDA-aware DLPack): the
+    # compiled type must get the override, as a Python subclass would.
+    from accelrt.memory._buffer import MemoryHandle, _BufferAPI
+
+    compiled = vars(_core.native.Buffer)  # type: ignore[union-attr]
+    for name in ("__dlpack__", "__dlpack_device__", "numpy", "device", "__repr__"):
+        assert compiled[name] is vars(_BufferAPI)[name]
+    for name in ("freed", "__enter__", "__exit__", "__reduce_ex__"):
+        assert compiled[name] is vars(MemoryHandle)[name]
+    assert _core.native.Buffer.__doc__ == _BufferAPI.__doc__  # type: ignore[union-attr]

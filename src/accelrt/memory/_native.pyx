@@ -999,7 +999,7 @@ def adopt(type cls, type source):
     (its fields, ``__init__``, ``free``) is kept, so the class is written once for both cores.
     Called once, at import.
     """
-    own = cls.__dict__
+    own = frozenset(cls.__dict__)  # before adopting: a base's name may be overridden
     for klass in reversed(source.__mro__):
         if klass is object:  # its attributes are cls's already
             continue
