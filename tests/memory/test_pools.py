@@ -128,3 +128,31 @@ def test_expandable_segments_in_a_pool(sim: str) -> None:
     assert plain.ptr - buf.ptr != 30 * MiB  # two expandable segments, one per pool
     buf.free()
     plain.free()
+
+
+def test_empty_cache_releases_two_dropped_pools_whose_release_failed(
+    sim: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Forgetting the first dropped pool once its segment is gone must not lose the second one
+    # (the loop over the pools once raised KeyError there).
+    backend = acc.backends.get_backend("sim")
+    pools = [MemPool(), MemPool()]
+    held = []
+    for pool in pools:
+        with use_mem_pool(pool):
+            held.append(acc.empty(MiB))
+    del pools, pool
+    gc.collect()  # the owners are gone; their live blocks keep the segments
+
+    def failing_free(index: int, ptr: int) -> None:
+        raise RuntimeError("injected: the driver cannot free now")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(backend, "free", failing_free)
+        for buf in held:
+            with pytest.warns(RuntimeWarning, match="injected"):
+                buf.free()
+    assert acc.memory_reserved() == 4 * MiB  # both segments still held, by dropped pools
+    acc.empty_cache()
+    assert acc.memory_reserved() == 0
+    assert acc.memory_stats()["num_device_free"] == 2

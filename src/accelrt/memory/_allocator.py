@@ -1099,8 +1099,8 @@ class CachingAllocator:
                 self._release_dropped_pool_cache(pool_id)
 
     def _release_if_abandoned(self, pool_id: PoolId) -> None:
-        private = self._private[pool_id]
-        if private.owner_alive:
+        private = self._private.get(pool_id)
+        if private is None or private.owner_alive:  # None: forgotten as another pool was
             return
         try:
             for pool in (private.large, private.small):  # nothing can allocate from it any more
