@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _runtime
 from ._device import Device, DeviceLike
-from .backends._base import Backend
+from .backends._base import Backend, StreamOps, bind_stream
 
 __all__ = ["Event", "Stream", "current_stream", "set_stream"]
 
@@ -63,7 +63,7 @@ class Stream:
     ...     assert acc.current_stream() == s
     """
 
-    __slots__ = ("__weakref__", "_backend", "_handle", "_index", "_owned", "_priority")
+    __slots__ = ("__weakref__", "_backend", "_handle", "_index", "_ops", "_owned", "_priority")
 
     def __init__(self, device: DeviceLike = None, priority: int = 0) -> None:
         backend, index = _runtime.resolve_device(device)
@@ -74,6 +74,7 @@ class Stream:
         self._priority = priority
         self._handle = backend.stream_create(index, priority)
         self._owned = True
+        self._ops: StreamOps = bind_stream(backend, index, self._handle)
 
     @classmethod
     def from_handle(cls, handle: Any, device: DeviceLike = None) -> Stream:
@@ -142,6 +143,7 @@ class Stream:
         stream._handle = handle
         stream._priority = priority
         stream._owned = False
+        stream._ops = bind_stream(backend, index, handle)
         return stream
 
     @property
@@ -188,11 +190,11 @@ class Stream:
 
     def query(self) -> bool:
         """Return True if all work submitted to the stream has completed. Does not block."""
-        return self._backend.stream_query(self._index, self._handle)
+        return self._ops.query()
 
     def synchronize(self) -> None:
         """Block until all work submitted to the stream has completed."""
-        self._backend.stream_synchronize(self._index, self._handle)
+        self._ops.synchronize()
 
     def wait_event(self, event: Event) -> None:
         """Make future work on this stream wait for ``event``; the host does not block.
@@ -337,7 +339,7 @@ class Event:
                 f"event was recorded on {self.device} and cannot be recorded on a stream of "
                 f"{stream.device}; create a new Event"
             )
-        stream._backend.event_record(self._handle, stream._index, stream._handle)
+        stream._ops.record(self._handle)
 
     def wait(self, stream: Stream | None = None) -> None:
         """Make future work on ``stream`` (the current stream if None) wait for this event.

@@ -110,8 +110,7 @@ class _FailingMarker:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
-    @property
-    def command_execution_status(self) -> int:
+    def get_info(self, param: int) -> int:
         raise self.error
 
     def wait(self) -> None:
@@ -127,15 +126,15 @@ def test_driver_errors_are_accelerator_errors(cl: Any) -> None:
         event.query()
     with pytest.raises(acc.AcceleratorError, match=r"^OpenCL event_synchronize failed: "):
         event.synchronize()
-    state = get_backend("opencl")._state[0]  # type: ignore[attr-defined]
-    state.last[stream.handle] = event._handle.marker
+    ops = get_backend("opencl")._state[0].streams[stream.handle]  # type: ignore[attr-defined]
+    ops.last = event._handle.marker
     with pytest.raises(acc.AcceleratorError, match=r"^OpenCL stream_query failed: ") as info:
         stream.query()
     assert isinstance(info.value.__cause__, cl.Error)
     event._handle.marker = _FailingMarker(ZeroDivisionError())
     with pytest.raises(ZeroDivisionError):  # not PyOpenCL's: unchanged
         event.query()
-    state.last[stream.handle] = None
+    ops.last = None
 
 
 def test_unknown_stream_handle_is_a_value_error(opencl: str) -> None:
@@ -148,3 +147,61 @@ def test_unknown_stream_handle_is_a_value_error(opencl: str) -> None:
     with pytest.raises(ValueError, match=match):
         acc.copy_(acc.empty(16), np.zeros(16, np.uint8), stream=stream)
     assert stream.query()  # nothing accelrt enqueued on it
+
+
+def test_streams_wrapping_one_handle_share_its_last_command_and_host_objects(cl: Any) -> None:
+    stream = acc.Stream()
+    other = acc.Stream.from_handle(stream.handle)
+    assert other._ops is stream._ops  # one StreamOps per handle
+    assert acc.Stream.from_handle(0)._ops is acc.current_stream()._ops
+    gate = _gate(cl, stream)
+    buf = acc.empty(MiB, stream=stream)
+    host = np.full(MiB, 7, np.uint8).view(_Array)
+    alive = weakref.ref(host)
+    acc.copy_(buf, host, stream=other)  # enqueued through the second wrapper
+    del host
+    assert not stream.query() and not other.query()  # both see the copy behind the gate
+    _open(cl, gate)
+    stream.synchronize()  # forgets the host object the copy through `other` kept
+    gc.collect()
+    assert alive() is None and other.query()
+    buf.free()
+
+
+def test_a_destroyed_stream_fails_as_an_unknown_handle_did(cl: Any) -> None:
+    stream = acc.Stream()
+    handle = stream.handle
+    wrapper = acc.Stream.from_handle(handle)
+    event = wrapper.record_event()
+    buf = acc.empty(16)
+    del stream  # the owner destroys the queue; the wrapper keeps the StreamOps
+    gc.collect()
+    match = rf"^opencl:0 has no stream with handle {handle:#x}: it was destroyed"
+    for later in (wrapper, acc.Stream.from_handle(handle)):  # bound before, and after
+        with pytest.raises(ValueError, match=match):
+            later.synchronize()
+        with pytest.raises(ValueError, match=match):
+            event.record(later)
+        with pytest.raises(ValueError, match=match):
+            acc.copy_(buf, np.zeros(16, np.uint8), stream=later)
+        assert later.query()  # nothing accelrt enqueued is pending
+    buf.free()
+
+
+def test_copies_alone_forget_finished_copies(opencl: str) -> None:
+    """No synchronize and no event: later copies forget the host objects of finished ones, so
+    a loop of copies holds no more than a few finished arrays."""
+    stream = acc.Stream()
+    queue = get_backend("opencl").queue(0, stream.handle)  # type: ignore[attr-defined]
+    buf = acc.empty(4096, stream=stream)
+    refs = []
+    for value in range(50):
+        host = np.full(4096, value, np.uint8).view(_Array)
+        refs.append(weakref.ref(host))
+        acc.copy_(buf, host, stream=stream)
+        queue.finish()  # natively: accelrt does not see that the copy ran
+    del host
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) <= 2
+    stream.synchronize()
+    buf.free()

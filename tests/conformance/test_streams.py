@@ -124,3 +124,50 @@ def test_record_event_wait_stream_and_query(device: str) -> None:
 def test_bad_priority(device: str) -> None:
     with pytest.raises(TypeError, match="stream priority must be an int, got 'high'"):
         acc.Stream(priority="high")  # type: ignore[arg-type]
+
+
+def test_every_stream_of_a_handle_shares_its_state(device: str) -> None:
+    s = acc.Stream()
+    copies = [acc.Stream.from_handle(s.handle), acc.Stream.from_handle(s.handle, s.device)]
+    event = acc.Event()
+    for other in copies:
+        event.record(other)  # recorded through each wrapper, on the one stream
+        other.synchronize()
+        assert s.query() and other.query() and event.query()
+    default = acc.current_stream()
+    assert acc.Stream.from_handle(0).query() and default.query()
+
+
+def test_a_backend_without_stream_ops_is_called_with_the_handle(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Third-party backends implement only the Protocol: Stream and Event reach its per-handle
+    methods with the stream's handle."""
+    from accelrt.backends import _base
+
+    backend = _base.get_backend(device)
+    monkeypatch.delattr(type(backend), "stream_ops", raising=False)
+    calls: list[tuple[str, int]] = []
+
+    def spy(name: str, handle_at: int) -> None:
+        real = getattr(backend, name)
+
+        def call(*args: object) -> object:
+            calls.append((name, args[handle_at]))  # type: ignore[arg-type]
+            return real(*args)
+
+        monkeypatch.setattr(backend, name, call)
+
+    spy("stream_query", 1)
+    spy("stream_synchronize", 1)
+    spy("event_record", 2)
+    s = acc.Stream()
+    assert isinstance(s._ops, _base.StreamOps)
+    acc.Event().record(s)
+    s.synchronize()
+    assert s.query()
+    assert calls == [
+        ("event_record", s.handle),
+        ("stream_synchronize", s.handle),
+        ("stream_query", s.handle),
+    ]

@@ -8,6 +8,10 @@ allocator: one generic allocator over per-backend primitives).
 Handles: a stream is an ``int`` that is unique within its backend, and ``0`` is each device's
 default stream (as CUDA's legacy stream is). An event is an opaque object the backend creates.
 Host memory in copies is a ``memoryview`` (writable for device-to-host copies).
+
+A backend may also hand out one ``StreamOps`` object per stream (``stream_ops``): the per-call
+stream operations bound to that stream, so that ``Stream`` calls them without looking the
+handle up; :func:`bind_stream` gives every other backend an adapter over its methods.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ __all__ = [
     "BackendOutOfMemory",
     "GraphCapture",
     "STORAGE_DTYPE_NAMES",
+    "StreamOps",
     "available_backends",
+    "bind_stream",
     "dtypes",
     "get_backend",
     "registered_backends",
@@ -226,6 +232,69 @@ class GraphCapture(Protocol):
 
     def graph_exec_destroy(self, index: int, executable: Any) -> None:
         """Release an executable graph from ``graph_instantiate``."""
+
+
+@runtime_checkable
+class StreamOps(Protocol):
+    """One stream's per-call operations, bound to it: what ``Stream`` and ``copy_`` call.
+
+    A backend may implement ``stream_ops(index: int, stream: int) -> StreamOps | None``
+    (optional, not part of ``Backend``): the object of a live stream handle, or None for a
+    handle it does not know (never a stream, destroyed, or of another device). It must
+    return the same object for a handle every time, since every ``Stream`` wrapping the handle
+    keeps it; after ``stream_destroy`` its methods behave as the ``Backend`` methods do for an
+    unknown handle. The methods mean what ``stream_query``, ``stream_synchronize``,
+    ``event_record`` and ``memcpy_async`` mean for the bound stream.
+    """
+
+    def query(self) -> bool:
+        """Return True if all work submitted to the stream has completed."""
+
+    def synchronize(self) -> None:
+        """Block until all work submitted to the stream has completed."""
+
+    def record(self, event: Any) -> None:
+        """Record ``event`` (from ``event_create``) at the current end of the stream."""
+
+    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
+        """Copy ``nbytes`` on the stream, as ``Backend.memcpy_async``."""
+
+
+class _BackendStreamOps:
+    """``StreamOps`` through a backend's per-handle methods (see :func:`bind_stream`)."""
+
+    __slots__ = ("_backend", "_handle", "_index")
+
+    def __init__(self, backend: Backend, index: int, stream: int) -> None:
+        self._backend = backend
+        self._index = index
+        self._handle = stream
+
+    def query(self) -> bool:
+        return self._backend.stream_query(self._index, self._handle)
+
+    def synchronize(self) -> None:
+        self._backend.stream_synchronize(self._index, self._handle)
+
+    def record(self, event: Any) -> None:
+        self._backend.event_record(event, self._index, self._handle)
+
+    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
+        self._backend.memcpy_async(self._index, dst, src, nbytes, self._handle)
+
+
+def bind_stream(backend: Backend, index: int, stream: int) -> StreamOps:
+    """Return the ``StreamOps`` of stream handle ``stream`` of device ``index``.
+
+    The backend's own object where it implements ``stream_ops`` and knows the handle; otherwise
+    an adapter that calls the backend's ``stream_query``, ``stream_synchronize``,
+    ``event_record`` and ``memcpy_async`` with the handle (so a third-party backend needs
+    nothing more than the ``Backend`` Protocol, and a handle unknown now is looked up again on
+    every call).
+    """
+    factory = getattr(backend, "stream_ops", None)
+    ops: StreamOps | None = factory(index, stream) if factory is not None else None
+    return ops if ops is not None else _BackendStreamOps(backend, index, stream)
 
 
 def visible_devices(physical_count: int) -> list[int]:

@@ -57,9 +57,17 @@ def _host_array(ptr: int, nbytes: int) -> Any:
 # CL_COMPLETE; a command's execution status is positive while it is queued, submitted or
 # running, and negative (an error code) if it terminated abnormally
 _CL_COMPLETE = 0
+# CL_EVENT_COMMAND_EXECUTION_STATUS: read with ``event.get_info`` (a C call), not through
+# PyOpenCL's ``command_execution_status`` property (a Python function around that call)
+_EXECUTION_STATUS = 0x11D3
 
 # the largest number of cached cl.SVM wrappers of device memory per device (see _svm)
 _SVM_CACHE_SIZE = 4096
+
+# A copy looks for finished copies of its queue to forget only once the queue holds this many
+# host objects, or twice as many as the last look left (asking a command's status while the
+# device runs it costs about 1 us on PoCL, more than the rest of the copy call)
+_KEEP_SCAN = 2
 
 
 def _svm(state: _CLDevice, ptr: int, nbytes: int) -> Any:
@@ -85,7 +93,7 @@ def _drop_completed(keep: deque[tuple[Any, Any]]) -> None:
     """
     while keep:
         entry = keep[0]
-        if entry[0].command_execution_status > _CL_COMPLETE:  # not finished yet
+        if entry[0].get_info(_EXECUTION_STATUS) > _CL_COMPLETE:  # not finished yet
             return
         try:
             taken = keep.popleft()
@@ -93,6 +101,14 @@ def _drop_completed(keep: deque[tuple[Any, Any]]) -> None:
             return
         if taken is not entry:  # another thread took ours first: put back the one we took
             keep.appendleft(taken)
+
+
+def _finish(stream: _CLStream) -> None:
+    """``clFinish`` on a stream's queue (unless it was destroyed meanwhile); it is idle after."""
+    queue = stream.queue
+    if queue is not None:
+        queue.finish()
+    stream.last = None
 
 
 def _raise_driver_error(call: str, exc: Exception) -> None:
@@ -107,35 +123,33 @@ def _raise_driver_error(call: str, exc: Exception) -> None:
 
 
 class OpenCLEvent:
-    """An OpenCL event handle: the marker of its last recording (None before the first)."""
+    """An OpenCL event handle: the marker of its last recording (None before the first) and
+    the stream it was recorded on (whose finished copies waiting on it forgets)."""
 
-    __slots__ = ("device", "marker", "timing")
+    __slots__ = ("device", "marker", "stream", "timing")
 
     def __init__(self, device: int, timing: bool) -> None:
         self.device = device
         self.timing = timing
         self.marker: Any = None
+        self.stream: _CLStream | None = None
 
 
 class _CLDevice:
     """Per-device state, created on first use of the device."""
 
     __slots__ = (
-        "allocations", "cl", "context", "held", "keepalive", "last", "queues", "svm", "svm_memcpy",
+        "allocations", "cl", "context", "device", "held", "index", "marker", "streams", "svm",
+        "svm_memcpy",
     )  # fmt: skip
 
-    def __init__(self, cl: Any, device: Any) -> None:
+    def __init__(self, cl: Any, device: Any, index: int) -> None:
         self.cl = cl  # the pyopencl module, so hot paths need no import statement
+        self.device = device
+        self.index = index
         self.context = cl.Context([device])
-        props = cl.command_queue_properties.PROFILING_ENABLE
-        self.queues: dict[int, Any] = {0: cl.CommandQueue(self.context, device, properties=props)}
         self.allocations: dict[int, Any] = {}
         self.held = 0
-        # per queue, the (event, host object) pairs of its async host copies in enqueue order,
-        # kept until the copy completes (an in-order queue completes them in that order)
-        self.keepalive: dict[int, deque[tuple[Any, Any]]] = {}
-        # the last command this backend enqueued on each queue, None once finished
-        self.last: dict[int, Any] = {}
         # (device pointer, bytes) -> the cl.SVM wrapper copies use; emptied when memory is freed
         self.svm: dict[tuple[int, int], Any] = {}
         # clEnqueueSVMMemcpy as PyOpenCL's extension exposes it, (queue, is_blocking, dst, src,
@@ -145,6 +159,140 @@ class _CLDevice:
         self.svm_memcpy: Callable[..., Any] | None = getattr(
             getattr(cl, "_cl", None), "_enqueue_svm_memcpy", None
         )
+        # clEnqueueMarkerWithWaitList, (queue, wait_for): what pyopencl.enqueue_marker calls
+        # after asking the queue's OpenCL version (SVM devices are OpenCL 2.0, so always it)
+        self.marker: Callable[[Any, Any], Any] = getattr(
+            getattr(cl, "_cl", None), "_enqueue_marker_with_wait_list", cl.enqueue_marker
+        )
+        # the live streams by handle; 0 is the default stream
+        self.streams: dict[int, _CLStream] = {}
+        self.streams[0] = self.new_stream(0)
+
+    def new_stream(self, handle: int) -> _CLStream:
+        """Return a stream ``handle`` over a new in-order, profiling-enabled queue."""
+        cl = self.cl
+        props = cl.command_queue_properties.PROFILING_ENABLE
+        return _CLStream(self, handle, cl.CommandQueue(self.context, self.device, properties=props))
+
+
+def _no_stream(index: int, stream: int) -> ValueError:
+    return ValueError(
+        f"opencl:{index} has no stream with handle {stream:#x}: it was destroyed or "
+        "belongs to another device"
+    )
+
+
+class _CLStream:
+    """One stream of a device (``StreamOps``): its queue and what accelrt enqueued on it.
+
+    ``OpenCLBackend.stream_ops`` hands out the one object of a live handle, so every ``Stream``
+    wrapping the handle shares ``last`` and ``keep`` and no call looks the handle up.
+    ``stream_destroy`` sets ``queue`` to None: the methods that enqueue or wait then raise the
+    ``ValueError`` of an unknown handle, and ``query`` is True (nothing accelrt enqueued).
+    """
+
+    __slots__ = ("device", "handle", "keep", "last", "queue", "scan_at")
+
+    def __init__(self, device: _CLDevice, handle: int, queue: Any) -> None:
+        self.device = device
+        self.handle = handle
+        self.queue: Any = queue
+        # the last command this backend enqueued on the queue, None once finished
+        self.last: Any = None
+        # the (event, host object) pairs of the queue's async host copies in enqueue order,
+        # kept until the copy completes (an in-order queue completes them in that order)
+        self.keep: deque[tuple[Any, Any]] = deque()
+        self.scan_at = _KEEP_SCAN  # the length of keep at which a copy forgets finished ones
+
+    def query(self) -> bool:
+        """Whether the last command accelrt enqueued on the queue has completed.
+
+        Work enqueued directly on the native queue is not seen; record an event after it.
+        """
+        last = self.last
+        if last is None:  # nothing enqueued, or finished
+            return True
+        try:
+            status: int = last.get_info(_EXECUTION_STATUS)
+        except Exception as exc:
+            _raise_driver_error("stream_query", exc)
+            raise
+        return status == _CL_COMPLETE
+
+    def synchronize(self) -> None:
+        """``clFinish`` on the queue; forget the host objects of its copies."""
+        queue = self.queue
+        if queue is None:
+            raise _no_stream(self.device.index, self.handle)
+        try:
+            queue.finish()
+            self.last = None
+            keep = self.keep
+            if keep:
+                _drop_completed(keep)
+        except Exception as exc:
+            _raise_driver_error("stream_synchronize", exc)
+            raise
+
+    def record(self, event: Any) -> None:
+        """Enqueue a marker on the queue: the event's new marker."""
+        queue = self.queue
+        if queue is None:
+            raise _no_stream(self.device.index, self.handle)
+        try:
+            event.marker = self.last = self.device.marker(queue, None)
+            event.stream = self
+        except Exception as exc:
+            _raise_driver_error("event_record", exc)
+            raise
+
+    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
+        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes.
+
+        The ``cl.SVM`` wrappers of device pointers are cached (see ``_svm``); the copy is
+        enqueued through PyOpenCL's extension function directly (``_CLDevice.svm_memcpy``). The
+        host objects of the queue's copies are forgotten in order once complete: by
+        ``synchronize``, by waiting for an event recorded after them, and by later copies, which
+        look when the queue holds ``scan_at`` of them (so a copy asks for a status about
+        ``log2(copies in flight)`` times per that many copies, and no more than twice the
+        copies in flight at the last look are held).
+        """
+        queue = self.queue
+        if queue is None:
+            raise _no_stream(self.device.index, self.handle)
+        state = self.device
+        try:
+            host: memoryview | None = None
+            if isinstance(dst, int):
+                target = state.svm.get((dst, nbytes))
+                if target is None:
+                    target = _svm(state, dst, nbytes)
+            else:
+                host = dst
+                target = state.cl.SVM(dst)
+            if isinstance(src, int):
+                source = state.svm.get((src, nbytes))
+                if source is None:
+                    source = _svm(state, src, nbytes)
+            else:
+                host = src
+                source = state.cl.SVM(src)
+            if state.svm_memcpy is not None:
+                event = state.svm_memcpy(queue, False, target, source, None, nbytes)
+            else:
+                event = state.cl.enqueue_copy(
+                    queue, target, source, byte_count=nbytes, is_blocking=False
+                )
+            self.last = event
+            if host is not None:
+                keep = self.keep
+                if len(keep) >= self.scan_at:
+                    _drop_completed(keep)
+                    self.scan_at = max(_KEEP_SCAN, 2 * len(keep))
+                keep.append((event, host))
+        except Exception as exc:
+            _raise_driver_error("memcpy_async", exc)
+            raise
 
 
 class OpenCLBackend:
@@ -267,7 +415,8 @@ class OpenCLBackend:
             with self._lock:
                 state = self._state.get(index)
                 if state is None:
-                    state = self._state[index] = _CLDevice(_import_cl(), self._devices()[index])
+                    state = _CLDevice(_import_cl(), self._devices()[index], index)
+                    self._state[index] = state
         return state
 
     # memory
@@ -304,10 +453,11 @@ class OpenCLBackend:
         allocation = state.allocations.pop(ptr, None)
         if allocation is None:
             raise ValueError(f"opencl:{index}: {ptr:#x} is not an address returned by malloc")
-        for queue in state.queues.values():
-            queue.finish()
-        state.last.clear()
-        state.keepalive.clear()
+        streams = list(state.streams.values())  # a copy: another thread may add a stream
+        for stream in streams:
+            _finish(stream)
+        for stream in streams:  # every queue has finished: every copy has run
+            stream.keep.clear()
         state.svm.clear()
         state.held -= int(allocation.size)
         allocation.release()
@@ -321,18 +471,23 @@ class OpenCLBackend:
     # streams
     def stream_create(self, index: int, priority: int) -> int:
         """Create an in-order, profiling-enabled command queue. Priority is advisory only."""
-        cl = _import_cl()
         state = self._dev(index)
-        queue = cl.CommandQueue(
-            state.context,
-            self._devices()[index],
-            properties=cl.command_queue_properties.PROFILING_ENABLE,
-        )
         with self._lock:
             handle = self._next_stream
             self._next_stream += 1
-            state.queues[handle] = queue
+        state.streams[handle] = state.new_stream(handle)
         return handle
+
+    def stream_ops(self, index: int, stream: int) -> _CLStream | None:
+        """Return the stream's ``StreamOps`` (one object per handle), None for an unknown one."""
+        return self._dev(index).streams.get(stream)
+
+    def _stream(self, index: int, stream: int) -> _CLStream:
+        """Return a live stream of device ``index``; ``ValueError`` if there is none."""
+        found = self._dev(index).streams.get(stream)
+        if found is None:
+            raise _no_stream(index, stream)
+        return found
 
     def context(self, index: int) -> Any:
         """Return the device's ``pyopencl.Context`` (for native interop, e.g. user events)."""
@@ -346,62 +501,36 @@ class OpenCLBackend:
         ValueError
             If ``stream`` is not a live stream of device ``index``.
         """
-        queue = self._dev(index).queues.get(stream)
-        if queue is None:
-            raise ValueError(
-                f"opencl:{index} has no stream with handle {stream:#x}: it was destroyed or "
-                "belongs to another device"
-            )
-        return queue
+        return self._stream(index, stream).queue
 
     def stream_destroy(self, index: int, stream: int) -> None:
         """Finish and drop the queue."""
         state = self._state.get(index)
         if state is None:
             return
-        queue = state.queues.pop(stream, None)
-        state.last.pop(stream, None)
-        if queue is not None:
+        found = state.streams.pop(stream, None)
+        if found is not None:
+            queue, found.queue = found.queue, None
             queue.finish()
-        state.keepalive.pop(stream, None)
+            found.last = None
+            found.keep.clear()
 
     def stream_query(self, index: int, stream: int) -> bool:
-        """Whether the last command accelrt enqueued on the queue has completed.
-
-        Work enqueued directly on the native queue is not seen; record an event after it.
-        """
+        """Whether the last command accelrt enqueued on the queue has completed (True for a
+        handle that is not a live stream: nothing enqueued). See ``_CLStream.query``."""
         state = self._state.get(index)
-        last = state.last.get(stream) if state is not None else None  # None: nothing enqueued
-        if last is None:
-            return True
-        try:
-            status: int = last.command_execution_status
-        except Exception as exc:
-            _raise_driver_error("stream_query", exc)
-            raise
-        return status == _CL_COMPLETE
+        found = state.streams.get(stream) if state is not None else None
+        return found is None or found.query()
 
     def stream_synchronize(self, index: int, stream: int) -> None:
         """``clFinish`` on the queue."""
-        state = self._state.get(index) or self._dev(index)
-        queue = state.queues.get(stream) or self.queue(index, stream)
-        try:
-            queue.finish()
-            state.last[stream] = None
-            keep = state.keepalive.get(stream)
-            if keep:
-                _drop_completed(keep)
-        except Exception as exc:
-            _raise_driver_error("stream_synchronize", exc)
-            raise
+        self._stream(index, stream).synchronize()
 
     def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
         """Enqueue a barrier that waits for the event's marker."""
         if event.marker is not None:
-            barrier = _import_cl().enqueue_barrier(
-                self.queue(index, stream), wait_for=[event.marker]
-            )
-            self._dev(index).last[stream] = barrier
+            found = self._stream(index, stream)
+            found.last = _import_cl().enqueue_barrier(found.queue, wait_for=[event.marker])
 
     # events
     def event_create(self, index: int, timing: bool) -> OpenCLEvent:
@@ -410,13 +539,7 @@ class OpenCLBackend:
 
     def event_record(self, event: Any, index: int, stream: int) -> None:
         """Enqueue a marker on the stream's queue."""
-        state = self._state.get(index) or self._dev(index)
-        queue = state.queues.get(stream) or self.queue(index, stream)
-        try:
-            event.marker = state.last[stream] = state.cl.enqueue_marker(queue)
-        except Exception as exc:
-            _raise_driver_error("event_record", exc)
-            raise
+        self._stream(index, stream).record(event)
 
     def event_destroy(self, event: Any) -> None:
         """Drop the event's marker (pyopencl releases the ``cl_event`` with it)."""
@@ -428,18 +551,22 @@ class OpenCLBackend:
         if marker is None:
             return True
         try:
-            status: int = marker.command_execution_status
+            status: int = marker.get_info(_EXECUTION_STATUS)
         except Exception as exc:
             _raise_driver_error("event_query", exc)
             raise
         return status == _CL_COMPLETE
 
     def event_synchronize(self, event: Any) -> None:
-        """``clWaitForEvents`` on the marker."""
+        """``clWaitForEvents`` on the marker; forget the host objects of the stream's copies
+        that have finished (those before the marker have)."""
         marker = event.marker
         if marker is not None:
             try:
                 marker.wait()
+                keep = event.stream.keep
+                if keep:
+                    _drop_completed(keep)
             except Exception as exc:
                 _raise_driver_error("event_synchronize", exc)
                 raise
@@ -449,64 +576,23 @@ class OpenCLBackend:
         return float(end.marker.profile.end - start.marker.profile.end) / 1e6
 
     # copies
-    def _prune_keepalive(self, state: _CLDevice) -> None:
-        """Forget the host objects of every queue's finished copies (see ``_drop_completed``)."""
-        for keep in list(state.keepalive.values()):  # a copy: another thread may add a queue
-            _drop_completed(keep)
-
     def memcpy_async(
         self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
     ) -> None:
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes.
 
-        The ``cl.SVM`` wrappers of device pointers are cached (see ``_svm``); the copy is
-        enqueued through PyOpenCL's extension function directly (``_CLDevice.svm_memcpy``); the
-        host objects of a queue's copies are forgotten in order as they complete, so no call
-        scans them all.
+        See ``_CLStream.memcpy_async``.
         """
-        state = self._state.get(index) or self._dev(index)
-        queue = state.queues.get(stream) or self.queue(index, stream)
-        try:
-            host: memoryview | None = None
-            if isinstance(dst, int):
-                target = state.svm.get((dst, nbytes))
-                if target is None:
-                    target = _svm(state, dst, nbytes)
-            else:
-                host = dst
-                target = state.cl.SVM(dst)
-            if isinstance(src, int):
-                source = state.svm.get((src, nbytes))
-                if source is None:
-                    source = _svm(state, src, nbytes)
-            else:
-                host = src
-                source = state.cl.SVM(src)
-            if state.svm_memcpy is not None:
-                event = state.svm_memcpy(queue, False, target, source, None, nbytes)
-            else:
-                event = state.cl.enqueue_copy(
-                    queue, target, source, byte_count=nbytes, is_blocking=False
-                )
-            state.last[stream] = event
-            if host is not None:
-                keep = state.keepalive.get(stream)
-                if keep is None:
-                    keep = state.keepalive[stream] = deque()
-                elif keep:
-                    _drop_completed(keep)
-                keep.append((event, host))
-        except Exception as exc:
-            _raise_driver_error("memcpy_async", exc)
-            raise
+        self._stream(index, stream).memcpy_async(dst, src, nbytes)
 
     def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
         """``clEnqueueSVMMemFill`` with a one-byte pattern."""
         import numpy as np
 
-        state = self._dev(index)
-        state.last[stream] = state.cl.enqueue_svm_memfill(
-            self.queue(index, stream), _svm(state, ptr, nbytes), np.uint8(value)
+        found = self._stream(index, stream)
+        state = found.device
+        found.last = state.cl.enqueue_svm_memfill(
+            found.queue, _svm(state, ptr, nbytes), np.uint8(value)
         )
 
     def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview | None:
@@ -524,10 +610,12 @@ class OpenCLBackend:
         state = self._state.get(index)
         if state is None:
             return
-        for queue in list(state.queues.values()):
-            queue.finish()
-        state.last.clear()
-        self._prune_keepalive(state)
+        streams = list(state.streams.values())  # a copy: another thread may add a stream
+        for stream in streams:
+            _finish(stream)
+        for stream in streams:
+            if stream.keep:
+                _drop_completed(stream.keep)
 
     # host memory (accelrt.empty_host): mapped CL_MEM_ALLOC_HOST_PTR buffers
     _host: _CLHostMemory | None = None

@@ -171,12 +171,6 @@ def _host_view(array: Any, *, writable: bool) -> memoryview:
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
-def _host_side(side: Any, *, writable: bool) -> memoryview:
-    if isinstance(side, HostBuffer):
-        return side._memoryview()  # raises ValueError if freed
-    return _host_view(side, writable=writable)
-
-
 def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     """Copy bytes between host memory and device buffers, on a stream.
 
@@ -232,8 +226,23 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
             raise ValueError(
                 f"copy_() between devices {dst.device} and {src.device} is not supported"
             )
-    target: int | memoryview = dst.block.address if dst_buffer else _host_side(dst, writable=True)
-    source: int | memoryview = src.block.address if src_buffer else _host_side(src, writable=False)
+    # a HostBuffer's view raises ValueError if it was freed
+    dst_pinned = not dst_buffer and isinstance(dst, HostBuffer)
+    src_pinned = not src_buffer and isinstance(src, HostBuffer)
+    target: int | memoryview = (
+        dst.block.address
+        if dst_buffer
+        else dst._memoryview()
+        if dst_pinned
+        else _host_view(dst, writable=True)
+    )
+    source: int | memoryview = (
+        src.block.address
+        if src_buffer
+        else src._memoryview()
+        if src_pinned
+        else _host_view(src, writable=False)
+    )
     dst_bytes = dst.nbytes if dst_buffer else len(target)  # type: ignore[arg-type]
     src_bytes = src.nbytes if src_buffer else len(source)  # type: ignore[arg-type]
     if dst_bytes != src_bytes:
@@ -247,12 +256,12 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     ):
         raise ValueError(f"stream {stream!r} is not on the buffers' device {owner.device}")
     # before the copy: a HostBuffer is never reused while the copy may run
-    if not dst_buffer and isinstance(dst, HostBuffer):
+    if dst_pinned:
         dst.record_stream(stream)
-    if not src_buffer and isinstance(src, HostBuffer):
+    if src_pinned:
         src.record_stream(stream)
     if dst_bytes:
-        stream._backend.memcpy_async(stream._index, target, source, dst_bytes, stream._handle)
+        stream._ops.memcpy_async(target, source, dst_bytes)
     return dst
 
 
