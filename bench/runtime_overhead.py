@@ -24,6 +24,11 @@ ever add time. Two peers are printed: the raw statement inside a Python function
 queue.finish()``), the least any Python API over PyOpenCL costs, which the target is measured
 against; and the bare raw statement, for reference.
 
+Copies of 1 MiB and more take 50 us or more, and their times swing by 2x from batch to batch
+with when PoCL's worker threads wake (on a 2-core machine, the best batch of either side is a
+lucky one, 20% apart between runs of the same code): their bandwidth is the median batch's,
+the typical rate a program gets, with the best batches' ratio printed beside it.
+
 Targets (issue 10): each operation at most 1.2x the raw function; copies of 1 MiB and more at
 95% or more of raw bandwidth. Prints two tables; asserts nothing (timing is not a test).
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import statistics
 import timeit
 from collections.abc import Callable
 from typing import Any
@@ -42,14 +48,14 @@ from typing import Any
 os.environ.setdefault("POCL_MEMORY_LIMIT", "2")
 
 
-def best_ns(
+def batch_ns(
     statements: dict[str, str],
     namespace: dict[str, Any],
     batch: int,
     batches: int,
     after: Callable[[], object] = lambda: None,
-) -> dict[str, float]:
-    """Return the best ns per run of each statement over ``batches`` interleaved batches.
+) -> dict[str, list[float]]:
+    """Return the ns per run of each statement in each of ``batches`` interleaved batches.
 
     Each batch runs one statement ``batch`` times inline; ``after`` runs untimed after every
     batch (to drain the queue). The order of the statements rotates from batch to batch.
@@ -59,15 +65,15 @@ def best_ns(
         for name, stmt in statements.items()
     }
     names = list(timers)
-    best = dict.fromkeys(names, float("inf"))
+    found: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm up
         timers[name].timeit(batch)
         after()
     for round_ in range(batches):
         for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            best[name] = min(best[name], timers[name].timeit(batch) * 1e9 / batch)
+            found[name].append(timers[name].timeit(batch) * 1e9 / batch)
             after()
-    return best
+    return found
 
 
 def main() -> None:
@@ -173,8 +179,8 @@ def main() -> None:
                 event.synchronize()
                 marker = ns["marker"] = event._handle.marker
             after = stream.synchronize if drain else (lambda: None)
-            found = best_ns({"ours": ours, "raw": raw, "fn": raw_fn}, ns, batch, batches, after)
-            rows.append((name, found["ours"], found["fn"], found["raw"]))
+            found = batch_ns({"ours": ours, "raw": raw, "fn": raw_fn}, ns, batch, batches, after)
+            rows.append((name, min(found["ours"]), min(found["fn"]), min(found["raw"])))
     buf.free()  # the raw views of its memory are not used after this
 
     print(f"device: opencl:0 ({acc.get_device_name(0)}); pyopencl {cl.VERSION_TEXT}")
@@ -187,7 +193,8 @@ def main() -> None:
         print(f"{line} {raw_ns:8.0f} {ours_ns / raw_ns:6.2f}x  {mark}")
 
     print()
-    print(f"{'copy':12} {'accelrt GB/s':>12} {'raw GB/s':>9} {'of raw':>7}  target >= 95%")
+    header = f"{'copy':12} {'accelrt GB/s':>12} {'raw GB/s':>9} {'of raw':>7}"
+    print(f"{header} {'(best)':>7}  target >= 95% (medians)")
     for size in sizes:
         a, b = acc.empty(size, stream=stream), acc.empty(size, stream=stream)
         ra, rb = raw_memory(a), raw_memory(b)
@@ -205,12 +212,15 @@ def main() -> None:
         for kind, ((to, frm), (raw_to, raw_frm)) in cases.items():
             ours = f"acc.copy_({to}, {frm}, stream=stream); stream.synchronize()"
             raw = f"cl.enqueue_copy(queue, {raw_to}, {raw_frm}, is_blocking=False); queue.finish()"
-            found = best_ns({"ours": ours, "raw": raw}, space, 10, rounds)
-            ours_gbs, raw_gbs = size / found["ours"], size / found["raw"]
+            found = batch_ns({"ours": ours, "raw": raw}, space, 10, rounds)
+            ours_gbs = size / statistics.median(found["ours"])
+            raw_gbs = size / statistics.median(found["raw"])
             share = ours_gbs / raw_gbs
+            best_share = min(found["raw"]) / min(found["ours"])
             label = f"{kind} {size >> 20} MiB"
             mark = "ok" if share >= 0.95 else "MISS"
-            print(f"{label:12} {ours_gbs:12.2f} {raw_gbs:9.2f} {share:6.1%}  {mark}")
+            line = f"{label:12} {ours_gbs:12.2f} {raw_gbs:9.2f} {share:6.1%}"
+            print(f"{line} {best_share:7.1%}  {mark}")
         a.free()
         b.free()
 
