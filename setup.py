@@ -1,8 +1,10 @@
-"""Builds the allocator's compiled core (src/accelrt/memory/_native.pyx) with Cython.
+"""Builds accelrt's compiled modules with Cython: the allocator's hit path
+(src/accelrt/memory/_native.pyx) and the streams' per-call methods
+(src/accelrt/_native_streams.pyx).
 
-Everything else about the package is in pyproject.toml. The extension is optional: when it
-cannot be built (no C++ compiler), installation goes on and accelrt runs its pure-Python
-allocator, with the same behaviour (docs/design.md, "Two cores").
+Everything else about the package is in pyproject.toml. The extensions are optional: when one
+cannot be built (no C/C++ compiler), installation goes on and accelrt runs its Python twin,
+with the same behaviour (docs/design.md, "Two cores").
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ extensions = [
         ["src/accelrt/memory/_native.pyx"],
         language="c++",
         extra_compile_args=["-O2", "-std=c++17"],
-    )
+    ),
+    Extension(
+        "accelrt._native_streams",
+        ["src/accelrt/_native_streams.pyx"],
+        extra_compile_args=["-O2"],
+    ),
 ]
 
 setup(

@@ -10,9 +10,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _runtime
+from ._compiled import load
 from ._device import Device, DeviceLike
 from .backends._base import Backend, StreamOps, bind_stream
 
@@ -32,7 +33,36 @@ class _ThreadState(threading.local):
 _local = _ThreadState()
 
 
-class Stream:
+class _StreamFields:
+    """The fields of :class:`Stream` and its per-call methods, in Python: its base where the
+    compiled streams module does not run (its twin there: _native_streams.pyx ``StreamCore``,
+    which reaches the backend without a Python frame)."""
+
+    __slots__ = ("__weakref__", "_backend", "_handle", "_index", "_ops", "_owned", "_priority")
+    _backend: Backend
+    _handle: int
+    _index: int
+    _ops: StreamOps
+    _owned: bool
+    _priority: int
+
+    def query(self) -> bool:
+        """Return True if all work submitted to the stream has completed. Does not block."""
+        return self._ops.query()
+
+    def synchronize(self) -> None:
+        """Block until all work submitted to the stream has completed."""
+        self._ops.synchronize()
+
+
+_native, _ = load("accelrt._native_streams")
+if TYPE_CHECKING or _native is None:  # noqa: SIM108 (mypy types the first branch)
+    _StreamBase = _StreamFields
+else:
+    _StreamBase = _native.StreamCore
+
+
+class Stream(_StreamBase):
     """A queue of device work that runs in order; work on different streams may overlap.
 
     Parameters
@@ -63,7 +93,7 @@ class Stream:
     ...     assert acc.current_stream() == s
     """
 
-    __slots__ = ("__weakref__", "_backend", "_handle", "_index", "_ops", "_owned", "_priority")
+    __slots__ = ()
 
     def __init__(self, device: DeviceLike = None, priority: int = 0) -> None:
         backend, index = _runtime.resolve_device(device)
@@ -187,14 +217,6 @@ class Stream:
             )
         handle = self._handle
         return lambda: (0, handle)
-
-    def query(self) -> bool:
-        """Return True if all work submitted to the stream has completed. Does not block."""
-        return self._ops.query()
-
-    def synchronize(self) -> None:
-        """Block until all work submitted to the stream has completed."""
-        self._ops.synchronize()
 
     def wait_event(self, event: Event) -> None:
         """Make future work on this stream wait for ``event``; the host does not block.

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .._compiled import load
 from .._device import DeviceProperties
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "Backend",
     "BackendOutOfMemory",
     "GraphCapture",
+    "QueueStreamOps",
     "STORAGE_DTYPE_NAMES",
     "StreamOps",
     "available_backends",
@@ -258,6 +260,51 @@ class StreamOps(Protocol):
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """Copy ``nbytes`` on the stream, as ``Backend.memcpy_async``."""
+
+
+class _QueueStreamFields:
+    """``QueueStreamOps`` in Python, where the compiled streams module does not run (its twin
+    there: _native_streams.pyx ``QueueStreamOps``, whose ``synchronize`` runs no bytecode)."""
+
+    __slots__ = ("keep", "last", "queue")
+    queue: Any
+    last: Any
+    keep: Any
+
+    def missing(self) -> None:
+        """Raise the error of a stream that does not exist (any more)."""
+        raise NotImplementedError
+
+    def failed(self, call: str, exc: Exception) -> None:
+        """Raise the error for driver exception ``exc`` in ``call``, or return to re-raise it."""
+
+    def forget_finished(self) -> None:
+        """Drop from ``keep`` what finished work needed."""
+
+    def synchronize(self) -> None:
+        """Block until the queue's work has completed; forget what that work needed."""
+        queue = self.queue
+        if queue is None:
+            self.missing()
+        try:
+            queue.finish()
+            self.last = None
+            if self.keep:
+                self.forget_finished()
+        except Exception as exc:
+            self.failed("stream_synchronize", exc)
+            raise
+
+
+_native, _ = load("accelrt._native_streams")
+if TYPE_CHECKING or _native is None:  # noqa: SIM108 (mypy types the first branch)
+    QueueStreamOps = _QueueStreamFields
+else:
+    QueueStreamOps = _native.QueueStreamOps
+"""A base for the ``StreamOps`` of a backend whose stream is an in-order queue: fields
+``queue`` (with a blocking ``finish()``; None once destroyed), ``last`` (the last command, None
+once finished) and ``keep`` (what its commands need alive), and ``synchronize``. Subclasses
+give ``missing()``, ``failed(call, exc)`` and ``forget_finished()``, and the other methods."""
 
 
 class _BackendStreamOps:

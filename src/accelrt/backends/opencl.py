@@ -31,7 +31,7 @@ from typing import Any
 
 from .._device import DeviceProperties
 from .._errors import AcceleratorError
-from ._base import BackendOutOfMemory, dtypes, visible_devices
+from ._base import BackendOutOfMemory, QueueStreamOps, dtypes, visible_devices
 
 __all__ = ["OpenCLBackend", "OpenCLEvent"]
 
@@ -182,7 +182,7 @@ def _no_stream(index: int, stream: int) -> ValueError:
     )
 
 
-class _CLStream:
+class _CLStream(QueueStreamOps):
     """One stream of a device (``StreamOps``): its queue and what accelrt enqueued on it.
 
     ``OpenCLBackend.stream_ops`` hands out the one object of a live handle, so every ``Stream``
@@ -191,7 +191,7 @@ class _CLStream:
     ``ValueError`` of an unknown handle, and ``query`` is True (nothing accelrt enqueued).
     """
 
-    __slots__ = ("device", "handle", "keep", "last", "queue", "scan_at")
+    __slots__ = ("device", "handle", "scan_at")  # and QueueStreamOps's queue, last, keep
 
     def __init__(self, device: _CLDevice, handle: int, queue: Any) -> None:
         self.device = device
@@ -219,20 +219,18 @@ class _CLStream:
             raise
         return status == _CL_COMPLETE
 
-    def synchronize(self) -> None:
-        """``clFinish`` on the queue; forget the host objects of its copies."""
-        queue = self.queue
-        if queue is None:
-            raise _no_stream(self.device.index, self.handle)
-        try:
-            queue.finish()
-            self.last = None
-            keep = self.keep
-            if keep:
-                _drop_completed(keep)
-        except Exception as exc:
-            _raise_driver_error("stream_synchronize", exc)
-            raise
+    # synchronize: QueueStreamOps's (compiled where it can be), with these three
+    def missing(self) -> None:
+        """Raise the ``ValueError`` of an unknown handle (the stream was destroyed)."""
+        raise _no_stream(self.device.index, self.handle)
+
+    def failed(self, call: str, exc: Exception) -> None:
+        """Raise ``AcceleratorError`` for a PyOpenCL error in ``call``."""
+        _raise_driver_error(call, exc)
+
+    def forget_finished(self) -> None:
+        """Forget the host objects of the copies that have completed."""
+        _drop_completed(self.keep)
 
     def record(self, event: Any) -> None:
         """Enqueue a marker on the queue: the event's new marker."""

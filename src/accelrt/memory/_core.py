@@ -12,10 +12,9 @@ says why the split lies where it does.
 
 from __future__ import annotations
 
-import os
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .._compiled import load
 from . import _block
 from ._allocator import CachingAllocator as ReferenceCachingAllocator
 from ._atomic import register
@@ -29,18 +28,6 @@ __all__ = [
     "ReferenceCachingAllocator",
     "native",
 ]
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-def _load_native() -> tuple[ModuleType | None, str]:
-    if os.environ.get("ACCELRT_PURE_PYTHON", "").strip().lower() in _TRUE:
-        return None, "ACCELRT_PURE_PYTHON is set"
-    try:
-        from . import _native
-    except ImportError as exc:  # no compiler at install time, or a foreign build
-        return None, f"the compiled core is not built ({exc})"
-    return _native, "built at install"
 
 
 def _native_allocator(module: Any) -> type[ReferenceCachingAllocator]:
@@ -73,7 +60,7 @@ def _native_allocator(module: Any) -> type[ReferenceCachingAllocator]:
     return NativeCachingAllocator
 
 
-native, CORE_REASON = _load_native()
+native, CORE_REASON = load("accelrt.memory._native")
 #: "compiled" or "python": which core ``CachingAllocator`` runs (``accelrt info`` shows it).
 CORE = "python" if native is None else "compiled"
 

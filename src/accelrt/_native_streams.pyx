@@ -1,0 +1,59 @@
+# cython: language_level=3
+"""Compiled hot paths of streams: ``Stream.query``/``synchronize`` and a queue stream's
+``synchronize`` without a Python frame (docs/design.md, "Two cores").
+
+``StreamCore`` holds ``accelrt.Stream``'s fields and its two per-call methods; ``Stream``
+(_stream.py) derives from it. ``QueueStreamOps`` holds the fields of a backend's per-stream
+object whose stream is an in-order queue (OpenCL's ``_CLStream``) and its ``synchronize``.
+Where this module is not built, or ``ACCELRT_PURE_PYTHON`` is set, their Python twins
+(``_stream._StreamFields``, ``backends._base._QueueStreamFields``) are the bases instead; the
+conformance tests run on both.
+
+A Python call costs about 25 ns; an idle ``clFinish`` through PyOpenCL about 80 ns. Two Python
+frames (the public method, the backend's) on top of it were 1.45x the raw call; here the
+chain from ``stream.synchronize()`` to the driver runs no bytecode.
+"""
+
+__all__ = ["QueueStreamOps", "StreamCore"]
+
+
+cdef class StreamCore:
+    """The fields of ``accelrt.Stream`` and its per-call methods, compiled."""
+
+    cdef public object _backend, _handle, _index, _ops, _owned, _priority
+    cdef object __weakref__
+
+    def query(self):
+        """Return True if all work submitted to the stream has completed. Does not block."""
+        return self._ops.query()
+
+    def synchronize(self):
+        """Block until all work submitted to the stream has completed."""
+        self._ops.synchronize()
+
+
+cdef class QueueStreamOps:
+    """The fields of a stream that is an in-order queue, and its ``synchronize``.
+
+    ``queue`` has a blocking ``finish()`` (None once the stream was destroyed); ``last`` is
+    the last command enqueued (None once finished); ``keep`` holds what the queue's commands
+    need alive. The subclass supplies ``missing()`` (raise the error of an unknown stream),
+    ``failed(call, exc)`` (raise the error for a driver exception, or return to re-raise it)
+    and ``forget_finished()`` (drop from ``keep`` what finished work needed).
+    """
+
+    cdef public object queue, last, keep
+
+    def synchronize(self):
+        """Block until the queue's work has completed; forget what that work needed."""
+        queue = self.queue
+        if queue is None:
+            self.missing()
+        try:
+            queue.finish()
+            self.last = None
+            if self.keep:
+                self.forget_finished()
+        except Exception as exc:
+            self.failed("stream_synchronize", exc)
+            raise
