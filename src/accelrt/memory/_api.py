@@ -218,10 +218,10 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     src_buffer = isinstance(src, Buffer)
     if not (dst_buffer or src_buffer):
         raise TypeError("copy_() needs at least one accelrt.Buffer; use numpy to copy host arrays")
-    owner = dst.stream if dst_buffer else src.stream
+    owner = dst._stream if dst_buffer else src._stream
     backend, index = owner._backend, owner._index
     if dst_buffer and src_buffer:
-        other = src.stream
+        other = src._stream
         if (other._backend is not backend or other._index != index) and dst.device != src.device:
             raise ValueError(
                 f"copy_() between devices {dst.device} and {src.device} is not supported"
@@ -229,15 +229,16 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     # a HostBuffer's view raises ValueError if it was freed
     dst_pinned = not dst_buffer and isinstance(dst, HostBuffer)
     src_pinned = not src_buffer and isinstance(src, HostBuffer)
+    # a Buffer's address: its block's, or ValueError from ``block`` if it was freed or is empty
     target: int | memoryview = (
-        dst.block.address
+        (dst.ptr if dst._block is not None else dst.block.address)
         if dst_buffer
         else dst._memoryview()
         if dst_pinned
         else _host_view(dst, writable=True)
     )
     source: int | memoryview = (
-        src.block.address
+        (src.ptr if src._block is not None else src.block.address)
         if src_buffer
         else src._memoryview()
         if src_pinned
