@@ -18,9 +18,11 @@ __all__ = ["QueueStreamOps", "StreamCore"]
 
 
 cdef class StreamCore:
-    """The fields of ``accelrt.Stream`` and its per-call methods, compiled."""
+    """``accelrt.Stream``'s backend object and its per-call methods, compiled. (Its other
+    fields are ``Stream``'s own slots, which Python code reads faster than a compiled type's
+    attributes.)"""
 
-    cdef public object _backend, _handle, _index, _ops, _owned, _priority
+    cdef public object _ops
     cdef object __weakref__
 
     def query(self):

@@ -34,17 +34,12 @@ _local = _ThreadState()
 
 
 class _StreamFields:
-    """The fields of :class:`Stream` and its per-call methods, in Python: its base where the
+    """:class:`Stream`'s backend object and its per-call methods, in Python: its base where the
     compiled streams module does not run (its twin there: _native_streams.pyx ``StreamCore``,
     which reaches the backend without a Python frame)."""
 
-    __slots__ = ("__weakref__", "_backend", "_handle", "_index", "_ops", "_owned", "_priority")
-    _backend: Backend
-    _handle: int
-    _index: int
+    __slots__ = ("__weakref__", "_ops")
     _ops: StreamOps
-    _owned: bool
-    _priority: int
 
     def query(self) -> bool:
         """Return True if all work submitted to the stream has completed. Does not block."""
@@ -93,7 +88,7 @@ class Stream(_StreamBase):
     ...     assert acc.current_stream() == s
     """
 
-    __slots__ = ()
+    __slots__ = ("_backend", "_handle", "_index", "_owned", "_priority")
 
     def __init__(self, device: DeviceLike = None, priority: int = 0) -> None:
         backend, index = _runtime.resolve_device(device)
