@@ -16,6 +16,7 @@ import pytest
 
 import accelrt as acc
 from accelrt.backends import get_backend
+from accelrt.backends.opencl import _KEEP_SCAN
 
 MiB = 1 << 20
 
@@ -188,20 +189,24 @@ def test_a_destroyed_stream_fails_as_an_unknown_handle_did(cl: Any) -> None:
     buf.free()
 
 
-def test_copies_alone_forget_finished_copies(opencl: str) -> None:
+@pytest.mark.parametrize(("nbytes", "held"), [(4096, _KEEP_SCAN), (16 << 20, 4)])
+def test_copies_alone_forget_finished_copies(opencl: str, nbytes: int, held: int) -> None:
     """No synchronize and no event: later copies forget the host objects of finished ones, so
-    a loop of copies holds no more than a few finished arrays."""
+    a loop of copies holds no more than ``_KEEP_SCAN`` finished arrays, nor more than
+    ``_KEEP_SCAN_BYTES`` of them (64 MiB: four of 16 MiB)."""
     stream = acc.Stream()
     queue = get_backend("opencl").queue(0, stream.handle)  # type: ignore[attr-defined]
-    buf = acc.empty(4096, stream=stream)
+    buf = acc.empty(nbytes, stream=stream)
     refs = []
-    for value in range(50):
-        host = np.full(4096, value, np.uint8).view(_Array)
+    for value in range(3 * _KEEP_SCAN):
+        host = np.full(nbytes, value, np.uint8).view(_Array)
         refs.append(weakref.ref(host))
         acc.copy_(buf, host, stream=stream)
         queue.finish()  # natively: accelrt does not see that the copy ran
     del host
     gc.collect()
-    assert sum(ref() is not None for ref in refs) <= 2
+    assert 1 <= sum(ref() is not None for ref in refs) <= held
     stream.synchronize()
+    gc.collect()
+    assert all(ref() is None for ref in refs)
     buf.free()

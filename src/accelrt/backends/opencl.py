@@ -64,10 +64,13 @@ _EXECUTION_STATUS = 0x11D3
 # the largest number of cached cl.SVM wrappers of device memory per device (see _svm)
 _SVM_CACHE_SIZE = 4096
 
-# A copy looks for finished copies of its queue to forget only once the queue holds this many
-# host objects, or twice as many as the last look left (asking a command's status while the
-# device runs it costs about 1 us on PoCL, more than the rest of the copy call)
-_KEEP_SCAN = 2
+# A copy looks for finished copies of its queue to forget (see _CLStream.memcpy_async) once
+# this many more host objects than the last look left are held (at least as many as it left),
+# or this many bytes were added since: asking a command's status while the device runs it
+# costs about 1.4 us on PoCL, more than the rest of the copy call, so looking at every copy
+# would cost more than the copy; these bound the finished host memory held between looks.
+_KEEP_SCAN = 32
+_KEEP_SCAN_BYTES = 64 << 20
 
 
 def _svm(state: _CLDevice, ptr: int, nbytes: int) -> Any:
@@ -191,7 +194,7 @@ class _CLStream(QueueStreamOps):
     ``ValueError`` of an unknown handle, and ``query`` is True (nothing accelrt enqueued).
     """
 
-    __slots__ = ("device", "handle", "scan_at")  # and QueueStreamOps's queue, last, keep
+    __slots__ = ("device", "handle", "scan_at", "unscanned")  # and queue, last, keep
 
     def __init__(self, device: _CLDevice, handle: int, queue: Any) -> None:
         self.device = device
@@ -203,6 +206,7 @@ class _CLStream(QueueStreamOps):
         # kept until the copy completes (an in-order queue completes them in that order)
         self.keep: deque[tuple[Any, Any]] = deque()
         self.scan_at = _KEEP_SCAN  # the length of keep at which a copy forgets finished ones
+        self.unscanned = 0  # bytes of host objects added to keep since it was last looked at
 
     def query(self) -> bool:
         """Whether the last command accelrt enqueued on the queue has completed.
@@ -251,9 +255,12 @@ class _CLStream(QueueStreamOps):
         enqueued through PyOpenCL's extension function directly (``_CLDevice.svm_memcpy``). The
         host objects of the queue's copies are forgotten in order once complete: by
         ``synchronize``, by waiting for an event recorded after them, and by later copies, which
-        look when the queue holds ``scan_at`` of them (so a copy asks for a status about
-        ``log2(copies in flight)`` times per that many copies, and no more than twice the
-        copies in flight at the last look are held).
+        look when the queue holds ``scan_at`` of them or ``_KEEP_SCAN_BYTES`` were added since
+        the last look. ``scan_at`` is what the last look left plus as many again, and at least
+        ``_KEEP_SCAN`` more: a look that finds the queue's oldest copy still running (a status
+        query costing more than a copy call) comes once per ``_KEEP_SCAN`` copies at most, and
+        the finished host objects held beyond those in flight at the last look are no more
+        than those (or ``_KEEP_SCAN``), and no more than ``_KEEP_SCAN_BYTES``.
         """
         queue = self.queue
         if queue is None:
@@ -284,9 +291,11 @@ class _CLStream(QueueStreamOps):
             self.last = event
             if host is not None:
                 keep = self.keep
-                if len(keep) >= self.scan_at:
+                self.unscanned += host.nbytes
+                if len(keep) >= self.scan_at or self.unscanned >= _KEEP_SCAN_BYTES:
                     _drop_completed(keep)
-                    self.scan_at = max(_KEEP_SCAN, 2 * len(keep))
+                    self.scan_at = len(keep) + max(_KEEP_SCAN, len(keep))
+                    self.unscanned = 0
                 keep.append((event, host))
         except Exception as exc:
             _raise_driver_error("memcpy_async", exc)
