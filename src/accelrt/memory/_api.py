@@ -156,7 +156,11 @@ def record_stream(buffer: Buffer | HostBuffer, stream: Stream) -> None:
     buffer.allocator.record_stream(buffer.block, stream.handle)
 
 
-def _host_view(array: Any, *, writable: bool) -> memoryview:
+def _host_view(array: Any, *, writable: bool, pinned: bool) -> memoryview:
+    """The bytes of a copy's host side: a HostBuffer's (``pinned``; ValueError if freed), or a
+    host array's, checked for what a copy needs."""
+    if pinned:
+        return array._memoryview()  # type: ignore[no-any-return]
     try:
         view = memoryview(array)
     except TypeError:
@@ -226,23 +230,18 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
             raise ValueError(
                 f"copy_() between devices {dst.device} and {src.device} is not supported"
             )
-    # a HostBuffer's view raises ValueError if it was freed
     dst_pinned = not dst_buffer and isinstance(dst, HostBuffer)
     src_pinned = not src_buffer and isinstance(src, HostBuffer)
     # a Buffer's address: its block's, or ValueError from ``block`` if it was freed or is empty
     target: int | memoryview = (
         (dst.ptr if dst._block is not None else dst.block.address)
         if dst_buffer
-        else dst._memoryview()
-        if dst_pinned
-        else _host_view(dst, writable=True)
+        else _host_view(dst, writable=True, pinned=dst_pinned)
     )
     source: int | memoryview = (
         (src.ptr if src._block is not None else src.block.address)
         if src_buffer
-        else src._memoryview()
-        if src_pinned
-        else _host_view(src, writable=False)
+        else _host_view(src, writable=False, pinned=src_pinned)
     )
     dst_bytes = dst.nbytes if dst_buffer else len(target)  # type: ignore[arg-type]
     src_bytes = src.nbytes if src_buffer else len(source)  # type: ignore[arg-type]
