@@ -14,6 +14,8 @@ frames (the public method, the backend's) on top of it were 1.45x the raw call; 
 chain from ``stream.synchronize()`` to the driver runs no bytecode.
 """
 
+from collections import deque
+
 __all__ = ["QueueStreamOps", "StreamCore"]
 
 
@@ -38,24 +40,33 @@ cdef class QueueStreamOps:
     """The fields of a stream that is an in-order queue, and its ``synchronize``.
 
     ``queue`` has a blocking ``finish()`` (None once the stream was destroyed); ``last`` is
-    the last command enqueued (None once finished); ``keep`` holds what the queue's commands
-    need alive. The subclass supplies ``missing()`` (raise the error of an unknown stream),
-    ``failed(call, exc)`` (raise the error for a driver exception, or return to re-raise it)
-    and ``forget_finished()`` (drop from ``keep`` what finished work needed).
+    the last command enqueued (None once finished); ``keep`` (a ``collections.deque``) holds
+    what the queue's commands need alive, each entry appended after its command was
+    enqueued. The subclass supplies ``missing()`` (raise the error of an unknown stream) and
+    ``failed(call, exc)`` (raise the error for a driver exception, or return to re-raise it).
     """
 
     cdef public object queue, last, keep
 
     def synchronize(self):
-        """Block until the queue's work has completed; forget what that work needed."""
+        """Block until the queue's work has completed; forget what that work needed.
+
+        ``keep`` is swapped for an empty deque before ``finish``: every entry in the old one
+        was appended, so enqueued, before it, and is forgotten without asking its command's
+        status. What another thread enqueues meanwhile goes to the new one.
+        """
         queue = self.queue
         if queue is None:
             self.missing()
+        done = self.keep
+        if done:
+            self.keep = deque()
         try:
             queue.finish()
-            self.last = None
-            if self.keep:
-                self.forget_finished()
         except Exception as exc:
+            if done:  # the work may still run: keep what it needs
+                done.extend(self.keep)
+                self.keep = done
             self.failed("stream_synchronize", exc)
             raise
+        self.last = None

@@ -433,6 +433,7 @@ def _cuda_stream_handle(obj: Any) -> int:
 
 
 def _current(backend: Backend, index: int) -> Stream:
+    """This thread's current stream of ``backend``'s device ``index`` (a resolved device)."""
     streams = _local.streams
     stream = streams.get((backend.name, index)) if streams is not None else None
     if stream is None:

@@ -20,6 +20,7 @@ import importlib
 import os
 import threading
 import warnings
+from collections import deque
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -269,7 +270,7 @@ class _QueueStreamFields:
     __slots__ = ("keep", "last", "queue")
     queue: Any
     last: Any
-    keep: Any
+    keep: deque[Any]
 
     def missing(self) -> None:
         """Raise the error of a stream that does not exist (any more)."""
@@ -278,22 +279,28 @@ class _QueueStreamFields:
     def failed(self, call: str, exc: Exception) -> None:
         """Raise the error for driver exception ``exc`` in ``call``, or return to re-raise it."""
 
-    def forget_finished(self) -> None:
-        """Drop from ``keep`` what finished work needed."""
-
     def synchronize(self) -> None:
-        """Block until the queue's work has completed; forget what that work needed."""
+        """Block until the queue's work has completed; forget what that work needed.
+
+        ``keep`` is swapped for an empty deque before ``finish``: every entry in the old one
+        was appended, so enqueued, before it, and is forgotten without asking its command's
+        status. What another thread enqueues meanwhile goes to the new one.
+        """
         queue = self.queue
         if queue is None:
             self.missing()
+        done = self.keep
+        if done:
+            self.keep = deque()
         try:
             queue.finish()
-            self.last = None
-            if self.keep:
-                self.forget_finished()
         except Exception as exc:
+            if done:  # the work may still run: keep what it needs
+                done.extend(self.keep)
+                self.keep = done
             self.failed("stream_synchronize", exc)
             raise
+        self.last = None
 
 
 _native, _ = load("accelrt._native_streams")
@@ -303,8 +310,9 @@ else:
     QueueStreamOps = _native.QueueStreamOps
 """A base for the ``StreamOps`` of a backend whose stream is an in-order queue: fields
 ``queue`` (with a blocking ``finish()``; None once destroyed), ``last`` (the last command, None
-once finished) and ``keep`` (what its commands need alive), and ``synchronize``. Subclasses
-give ``missing()``, ``failed(call, exc)`` and ``forget_finished()``, and the other methods."""
+once finished) and ``keep`` (a deque of what its commands need alive, each entry appended after
+its command was enqueued), and ``synchronize``. Subclasses give ``missing()`` and
+``failed(call, exc)``, and the other methods."""
 
 
 class _BackendStreamOps:

@@ -223,7 +223,7 @@ class _CLStream(QueueStreamOps):
             raise
         return status == _CL_COMPLETE
 
-    # synchronize: QueueStreamOps's (compiled where it can be), with these three
+    # synchronize: QueueStreamOps's (compiled where it can be), with these two
     def missing(self) -> None:
         """Raise the ``ValueError`` of an unknown handle (the stream was destroyed)."""
         raise _no_stream(self.device.index, self.handle)
@@ -231,10 +231,6 @@ class _CLStream(QueueStreamOps):
     def failed(self, call: str, exc: Exception) -> None:
         """Raise ``AcceleratorError`` for a PyOpenCL error in ``call``."""
         _raise_driver_error(call, exc)
-
-    def forget_finished(self) -> None:
-        """Forget the host objects of the copies that have completed."""
-        _drop_completed(self.keep)
 
     def record(self, event: Any) -> None:
         """Enqueue a marker on the queue: the event's new marker."""
@@ -280,8 +276,9 @@ class _CLStream(QueueStreamOps):
                 if source is None:
                     source = _svm(state, src, nbytes)
             else:
-                host = src
-                source = state.cl.SVM(src)
+                # PyOpenCL wraps only writable memory: stage a read-only source (bytes)
+                host = src if not src.readonly else memoryview(bytearray(src))
+                source = state.cl.SVM(host)
             if state.svm_memcpy is not None:
                 event = state.svm_memcpy(queue, False, target, source, None, nbytes)
             else:
@@ -290,7 +287,7 @@ class _CLStream(QueueStreamOps):
                 )
             self.last = event
             if host is not None:
-                keep = self.keep
+                keep = self.keep  # read after the enqueue (see QueueStreamOps.synchronize)
                 self.unscanned += host.nbytes
                 if len(keep) >= self.scan_at or self.unscanned >= _KEEP_SCAN_BYTES:
                     _drop_completed(keep)

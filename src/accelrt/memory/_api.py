@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _runtime
 from .._device import DeviceLike
-from .._stream import Stream, current_stream
+from .._stream import Stream, _current, current_stream
 from . import _core, _registry
 from ._allocator import _as_size
 from ._atomic import PENDING, deliver, register
@@ -232,14 +232,14 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
             )
     dst_pinned = not dst_buffer and isinstance(dst, HostBuffer)
     src_pinned = not src_buffer and isinstance(src, HostBuffer)
-    # a Buffer's address: its block's, or ValueError from ``block`` if it was freed or is empty
+    # a Buffer's address: its block's (0 if it is empty), or ValueError from ``block`` if freed
     target: int | memoryview = (
-        (dst.ptr if dst._block is not None else dst.block.address)
+        (dst.ptr if dst._block is not None or not dst.nbytes else dst.block.address)
         if dst_buffer
         else _host_view(dst, writable=True, pinned=dst_pinned)
     )
     source: int | memoryview = (
-        (src.ptr if src._block is not None else src.block.address)
+        (src.ptr if src._block is not None or not src.nbytes else src.block.address)
         if src_buffer
         else _host_view(src, writable=False, pinned=src_pinned)
     )
@@ -248,7 +248,7 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     if dst_bytes != src_bytes:
         raise ValueError(f"copy_() sizes differ: dst has {dst_bytes} bytes, src {src_bytes}")
     if stream is None:
-        stream = current_stream(index)
+        stream = _current(backend, index)
     elif not isinstance(stream, Stream):
         raise TypeError(f"copy_() stream must be an accelrt.Stream, got {type(stream).__name__}")
     elif (stream._backend is not backend or stream._index != index) and (
@@ -263,6 +263,16 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
     if dst_bytes:
         stream._ops.memcpy_async(target, source, dst_bytes)
     return dst
+
+
+_copy_reference = copy_  # the Python function, on either core (tests compare the two)
+
+if not TYPE_CHECKING and _core.native is not None:
+    # The compiled form takes the common copies without a Python frame; it falls back to the
+    # function above for every other call (memory/_native.pyx).
+    _core.native.install_copy(copy_, _current, Stream, HostBuffer)
+    _core.native.copy_.__doc__ = copy_.__doc__
+    copy_ = _core.native.copy_
 
 
 def get_allocator(device: DeviceLike = None) -> CachingAllocator:

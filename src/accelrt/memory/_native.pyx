@@ -19,6 +19,8 @@ hit path is atomic by construction. Where it calls back into Python (the slow pa
 functions are registered with memory/_atomic.py by memory/_core.py, as the Python hot path is.
 """
 
+from cpython.buffer cimport PyBuffer_IsContiguous
+from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_REFCNT, PyObject
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint64_t
 from libcpp.map cimport map as cmap
@@ -1121,3 +1123,112 @@ def empty(nbytes, *, device=None, stream=None):
         (<dict>PyThreadState_GetDict())[_CACHE_KEY] = current
         _last_thread, _last_current = accelrt_thread_id(), current
     return result
+
+
+# ------------------------------------------------------------------------ the copy fast path
+cdef object _reference_copy = None  # memory/_api.py's copy_: every case but the common ones
+cdef object _current_stream = None  # accelrt._stream._current: (backend, index) -> Stream
+cdef type _Stream = None
+cdef type _HostBuffer = None
+
+
+def install_copy(reference_copy, current_stream, stream_type, host_buffer_type):
+    """Give :func:`copy_` what it needs; memory/_api.py calls this once."""
+    global _reference_copy, _current_stream, _Stream, _HostBuffer
+    _reference_copy = reference_copy
+    _current_stream = current_stream
+    _Stream = stream_type
+    _HostBuffer = host_buffer_type
+
+
+cdef object _host_bytes(object array, bint writable):
+    """memory/_api.py ``_host_view`` for pageable host memory that passes its checks: the
+    bytes as a 1-D unsigned-byte memoryview; None where the reference must decide (a
+    HostBuffer, not a buffer, not C-contiguous, read-only for a destination)."""
+    if isinstance(array, _HostBuffer):
+        return None
+    try:
+        view = PyMemoryView_FromObject(array)
+    except Exception:
+        return None
+    cdef const char* format = PyMemoryView_GET_BUFFER(view).format
+    if not PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(view), b"C"):
+        return None
+    if writable and PyMemoryView_GET_BUFFER(view).readonly:
+        return None
+    if (
+        PyMemoryView_GET_BUFFER(view).ndim != 1
+        or format == NULL
+        or format[0] != b"B"
+        or format[1] != 0
+    ):
+        return view.cast("B")
+    return view
+
+
+cdef inline bint _same_device(object stream, object other) except -1:
+    """Whether two streams are on one device (a stream is on its own, without a lookup)."""
+    return stream is other or (
+        stream._backend is other._backend and stream._index == other._index
+    )
+
+
+def copy_(dst, src, *, stream=None):
+    """Copy bytes between host memory and device buffers, on a stream.
+
+    The compiled form of memory/_api.py ``copy_`` (same arguments, result and errors; its
+    docstring is this function's documentation). It takes a copy between two live buffers of
+    one device, or between a live buffer and pageable host memory that passes the checks, on
+    a stream of that device or the current one; every other call (a HostBuffer, any error) is
+    the Python function's.
+    """
+    cdef bint dst_buffer = type(dst) is Buffer
+    cdef bint src_buffer = type(src) is Buffer
+    cdef Buffer device_side
+    cdef object target, source, owner
+    cdef Py_ssize_t nbytes
+    if dst_buffer:
+        device_side = <Buffer>dst
+        target = device_side.ptr
+    elif src_buffer:
+        device_side = <Buffer>src
+        source = device_side.ptr
+    else:
+        return _reference_copy(dst, src, stream=stream)
+    if device_side._block is None:
+        return _reference_copy(dst, src, stream=stream)
+    owner = device_side._stream
+    nbytes = device_side.nbytes
+    if dst_buffer and src_buffer:
+        device_side = <Buffer>src
+        if (
+            device_side._block is None
+            or device_side.nbytes != nbytes
+            or not _same_device(device_side._stream, owner)
+        ):
+            return _reference_copy(dst, src, stream=stream)
+        source = device_side.ptr
+    elif dst_buffer:
+        source = _host_bytes(src, False)
+        if source is None or PyMemoryView_GET_BUFFER(source).len != nbytes:
+            return _reference_copy(dst, src, stream=stream)
+    else:
+        target = _host_bytes(dst, True)
+        if target is None or PyMemoryView_GET_BUFFER(target).len != nbytes:
+            return _reference_copy(dst, src, stream=stream)
+    cdef _Current current
+    if stream is None:
+        current = _cached_current()
+        if (
+            current is not None
+            and current.epoch == _state_epoch.value
+            and _same_device(current.stream, owner)
+        ):
+            stream = current.stream
+        else:
+            stream = _current_stream(owner._backend, owner._index)
+    elif not isinstance(stream, _Stream) or not _same_device(stream, owner):
+        return _reference_copy(dst, src, stream=stream)
+    if nbytes:
+        stream._ops.memcpy_async(target, source, nbytes)
+    return dst

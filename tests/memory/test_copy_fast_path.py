@@ -1,0 +1,138 @@
+"""``accelrt.copy_`` on the compiled core gives what the Python reference gives, case by case.
+
+With the compiled core, ``copy_`` is memory/_native.pyx's fast path: it takes the common
+copies itself and hands every other call (a HostBuffer, any error) to the Python function in
+memory/_api.py. Each case below runs through both on fresh, identical operands and must end
+the same way: the same bytes in the destination, or the same error. On the pure-Python core
+both are the reference, and the cases check its results alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import accelrt as acc
+from accelrt.memory import _api, _core
+
+N = 64  # bytes of every operand
+
+
+def _pattern(seed: int) -> np.ndarray:
+    return (np.arange(N, dtype=np.uint8) * 7 + seed).astype(np.uint8)
+
+
+def _filled(seed: int) -> acc.Buffer:
+    buf = acc.empty(N)
+    acc.copy_(buf, _pattern(seed))
+    return buf
+
+
+def _freed() -> acc.Buffer:
+    buf = acc.empty(N)
+    buf.free()
+    return buf
+
+
+def _read_only() -> np.ndarray:
+    host = np.zeros(N, np.uint8)
+    host.flags.writeable = False
+    return host
+
+
+def _pinned(seed: int) -> Any:
+    host = acc.empty_host(N)
+    host.numpy()[:] = _pattern(seed)
+    return host
+
+
+def _other_device_stream() -> acc.Stream:
+    return acc.current_stream(1)
+
+
+# each case: () -> (dst, src, stream keyword or "default" for none)
+CASES: dict[str, Callable[[], tuple[Any, Any, Any]]] = {
+    "h2d uint8": lambda: (acc.empty(N), _pattern(1), "default"),
+    "h2d float32 cast": lambda: (acc.empty(N), np.arange(N // 4, dtype=np.float32), "default"),
+    "h2d 2-d": lambda: (acc.empty(N), _pattern(2).reshape(8, 8), "default"),
+    "h2d bytes": lambda: (acc.empty(N), bytes(_pattern(3)), "default"),
+    "h2d explicit stream": lambda: (acc.empty(N), _pattern(4), acc.current_stream()),
+    "h2d side stream": lambda: (acc.empty(N), _pattern(5), acc.Stream()),
+    "d2h": lambda: (np.zeros(N, np.uint8), _filled(6), "default"),
+    "d2h bytearray": lambda: (bytearray(N), _filled(7), "default"),
+    "d2h float64": lambda: (np.zeros(N // 8), _filled(8), "default"),
+    "d2d": lambda: (acc.empty(N), _filled(9), "default"),
+    "d2d side stream": lambda: (acc.empty(N), _filled(10), acc.Stream()),
+    "h2d pinned": lambda: (acc.empty(N), _pinned(11), "default"),
+    "d2h pinned": lambda: (acc.empty_host(N), _filled(12), "default"),
+    "zero bytes": lambda: (acc.empty(0), b"", "default"),
+    # errors
+    "no buffer": lambda: (np.zeros(N, np.uint8), _pattern(0), "default"),
+    "size differs h2d": lambda: (acc.empty(N), _pattern(0)[:-1], "default"),
+    "size differs d2h": lambda: (np.zeros(N + 1, np.uint8), _filled(0), "default"),
+    "size differs d2d": lambda: (acc.empty(N), acc.empty(N // 2), "default"),
+    "freed dst": lambda: (_freed(), _pattern(0), "default"),
+    "freed src": lambda: (np.zeros(N, np.uint8), _freed(), "default"),
+    "freed d2d": lambda: (acc.empty(N), _freed(), "default"),
+    "not contiguous": lambda: (acc.empty(N), np.zeros(2 * N, np.uint8)[::2], "default"),
+    "read-only dst": lambda: (_read_only(), _filled(0), "default"),
+    "bytes dst": lambda: (bytes(N), _filled(0), "default"),
+    "not a buffer": lambda: (acc.empty(N), [0] * N, "default"),
+    "not a stream": lambda: (acc.empty(N), _pattern(0), "stream 0"),
+    "stream of another device": lambda: (acc.empty(N), _pattern(0), _other_device_stream()),
+    "buffers on two devices": lambda: (acc.empty(N), acc.empty(N, device=1), "default"),
+}
+
+
+def _bytes_of(side: Any) -> bytes:
+    """The bytes of a copy's side: read back from a device buffer, or a host object's own."""
+    if isinstance(side, acc.Buffer):
+        out = np.zeros(side.nbytes, np.uint8)
+        if side.nbytes:
+            acc.copy_(out, side)
+            acc.synchronize()
+        return out.tobytes()
+    view = side.numpy() if isinstance(side, acc.HostBuffer) else side
+    return bytes(memoryview(view).cast("B"))
+
+
+def _outcome(copy: Callable[..., Any], case: str) -> tuple[str, Any]:
+    """Run one case through ``copy``: ('ok', destination bytes) or (error type, message)."""
+    dst, src, stream = CASES[case]()
+    try:
+        result = copy(dst, src) if stream == "default" else copy(dst, src, stream=stream)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    assert result is dst
+    acc.synchronize()
+    return "ok", _bytes_of(dst)
+
+
+ERRORS = {
+    "no buffer": "TypeError",
+    "not a buffer": "TypeError",
+    "not a stream": "TypeError",
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_copy_matches_the_reference(device: str, case: str) -> None:
+    compiled = _outcome(acc.copy_, case)
+    reference = _outcome(_api._copy_reference, case)
+    assert compiled == reference
+    if list(CASES).index(case) < list(CASES).index("no buffer"):  # a copy that succeeds
+        src = CASES[case]()[1]
+        assert compiled == ("ok", _bytes_of(src))
+    else:
+        assert compiled[0] == ERRORS.get(case, "ValueError"), compiled
+
+
+def test_compiled_copy_is_in_use() -> None:
+    if _core.native is None:
+        assert acc.copy_ is _api._copy_reference
+    else:
+        assert acc.copy_ is _core.native.copy_
+        assert acc.copy_.__doc__ == _api._copy_reference.__doc__
