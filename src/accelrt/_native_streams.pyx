@@ -16,7 +16,7 @@ chain from ``stream.synchronize()`` to the driver runs no bytecode.
 
 from collections import deque
 
-__all__ = ["QueueStreamOps", "StreamCore"]
+__all__ = ["QueueStreamOps", "SVMStreamOps", "StreamCore"]
 
 
 cdef class StreamCore:
@@ -70,3 +70,56 @@ cdef class QueueStreamOps:
             self.failed("stream_synchronize", exc)
             raise
         self.last = None
+
+
+cdef class SVMStreamOps(QueueStreamOps):
+    """A queue stream whose copies are ``clEnqueueSVMMemcpy`` calls through PyOpenCL, with its
+    ``memcpy_async`` compiled: the base of OpenCL's ``_CLStream`` (backends/opencl.py, where
+    its Python twin ``_SVMStreamFields`` holds the same method in Python).
+
+    Fields, set by the subclass: ``views`` (a dict from (address, nbytes) to the ``cl.SVM`` of
+    that device memory; a miss calls ``device_view(address, nbytes)``), ``wrap_host`` (makes
+    the ``cl.SVM`` of a host memoryview), ``svm_memcpy`` (``(queue, is_blocking, dst, src,
+    wait_for, nbytes)`` -> the copy's event), ``scan_at`` and ``scan_bytes`` (a copy of host
+    memory calls ``rescan(keep)`` first once ``keep`` holds ``scan_at`` entries or
+    ``unscanned`` bytes reach ``scan_bytes``), ``unscanned`` (bytes of host memory added to
+    ``keep`` since the last rescan).
+    """
+
+    cdef public object views, wrap_host, svm_memcpy
+    cdef public Py_ssize_t scan_at, scan_bytes, unscanned
+
+    def memcpy_async(self, dst, src, Py_ssize_t nbytes):
+        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
+        (in ``keep``, as ``(event, host memoryview)``). See ``_CLStream.memcpy_async``."""
+        queue = self.queue
+        if queue is None:
+            self.missing()
+        host = None
+        try:
+            if isinstance(dst, int):
+                target = self.views.get((dst, nbytes))
+                if target is None:
+                    target = self.device_view(dst, nbytes)
+            else:
+                host = dst
+                target = self.wrap_host(dst)
+            if isinstance(src, int):
+                source = self.views.get((src, nbytes))
+                if source is None:
+                    source = self.device_view(src, nbytes)
+            else:
+                # PyOpenCL wraps only writable memory: stage a read-only source (bytes)
+                host = src if not src.readonly else memoryview(bytearray(src))
+                source = self.wrap_host(host)
+            event = self.svm_memcpy(queue, False, target, source, None, nbytes)
+            self.last = event
+            if host is not None:
+                keep = self.keep  # read after the enqueue (see QueueStreamOps.synchronize)
+                self.unscanned += host.nbytes
+                if len(keep) >= self.scan_at or self.unscanned >= self.scan_bytes:
+                    self.rescan(keep)
+                keep.append((event, host))
+        except Exception as exc:
+            self.failed("memcpy_async", exc)
+            raise

@@ -210,3 +210,18 @@ def test_copies_alone_forget_finished_copies(opencl: str, nbytes: int, held: int
     gc.collect()
     assert all(ref() is None for ref in refs)
     buf.free()
+
+
+def test_svm_memcpy_through_enqueue_copy_where_the_extension_lacks_it(cl: Any) -> None:
+    """The stand-in for PyOpenCL's ``_enqueue_svm_memcpy`` copies what that call copies."""
+    from accelrt.backends.opencl import _svm_memcpy_by_enqueue_copy
+
+    stream = acc.Stream()
+    queue = get_backend("opencl").queue(0, stream.handle)  # type: ignore[attr-defined]
+    buf = acc.empty(4096, stream=stream)
+    host = (np.arange(4096) % 251).astype(np.uint8)
+    event = _svm_memcpy_by_enqueue_copy(
+        cl, queue, False, cl.SVM(buf.numpy()), cl.SVM(host), None, 4096
+    )
+    event.wait()
+    assert buf.numpy().tobytes() == host.tobytes()

@@ -27,8 +27,9 @@ import functools
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._compiled import load
 from .._device import DeviceProperties
 from .._errors import AcceleratorError
 from ._base import BackendOutOfMemory, QueueStreamOps, dtypes, visible_devices
@@ -87,6 +88,15 @@ def _svm(state: _CLDevice, ptr: int, nbytes: int) -> Any:
             state.svm.clear()
         svm = state.svm[key] = state.cl.SVM(_host_array(ptr, nbytes))
     return svm
+
+
+def _svm_memcpy_by_enqueue_copy(
+    cl: Any, queue: Any, is_blocking: bool, dst: Any, src: Any, wait_for: Any, nbytes: int
+) -> Any:
+    """PyOpenCL's ``_enqueue_svm_memcpy`` call (after ``cl``) through ``pyopencl.enqueue_copy``."""
+    return cl.enqueue_copy(
+        queue, dst, src, byte_count=nbytes, is_blocking=is_blocking, wait_for=wait_for
+    )
 
 
 def _drop_completed(keep: deque[tuple[Any, Any]]) -> None:
@@ -157,11 +167,11 @@ class _CLDevice:
         self.svm: dict[tuple[int, int], Any] = {}
         # clEnqueueSVMMemcpy as PyOpenCL's extension exposes it, (queue, is_blocking, dst, src,
         # wait_for, byte_count) with both sides cl.SVM: what pyopencl.enqueue_copy calls after
-        # about 1 us of dispatch in Python on its arguments' types. None if a PyOpenCL version
-        # lacks it; copies then go through enqueue_copy.
-        self.svm_memcpy: Callable[..., Any] | None = getattr(
+        # about 1 us of dispatch in Python on its arguments' types. Where a PyOpenCL version
+        # lacks it, the same call through enqueue_copy.
+        self.svm_memcpy: Callable[..., Any] = getattr(
             getattr(cl, "_cl", None), "_enqueue_svm_memcpy", None
-        )
+        ) or functools.partial(_svm_memcpy_by_enqueue_copy, cl)
         # clEnqueueMarkerWithWaitList, (queue, wait_for): what pyopencl.enqueue_marker calls
         # after asking the queue's OpenCL version (SVM devices are OpenCL 2.0, so always it)
         self.marker: Callable[[Any, Any], Any] = getattr(
@@ -185,7 +195,70 @@ def _no_stream(index: int, stream: int) -> ValueError:
     )
 
 
-class _CLStream(QueueStreamOps):
+class _SVMStreamFields(QueueStreamOps):
+    """``SVMStreamOps`` in Python, where the compiled streams module does not run (its twin
+    there: _native_streams.pyx ``SVMStreamOps``, whose ``memcpy_async`` runs no bytecode)."""
+
+    __slots__ = ("scan_at", "scan_bytes", "svm_memcpy", "unscanned", "views", "wrap_host")
+    views: dict[tuple[int, int], Any]
+    wrap_host: Callable[[memoryview], Any]
+    svm_memcpy: Callable[..., Any]
+    scan_at: int
+    scan_bytes: int
+    unscanned: int
+
+    def device_view(self, address: int, nbytes: int) -> Any:
+        """The ``cl.SVM`` of device memory that ``views`` lacks."""
+        raise NotImplementedError
+
+    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
+        """Forget the finished copies at the head of ``keep``; set when to look again."""
+        raise NotImplementedError
+
+    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
+        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
+        (in ``keep``, as ``(event, host memoryview)``). See ``_CLStream.memcpy_async``."""
+        queue = self.queue
+        if queue is None:
+            self.missing()
+        host: memoryview | None = None
+        try:
+            if isinstance(dst, int):
+                target = self.views.get((dst, nbytes))
+                if target is None:
+                    target = self.device_view(dst, nbytes)
+            else:
+                host = dst
+                target = self.wrap_host(dst)
+            if isinstance(src, int):
+                source = self.views.get((src, nbytes))
+                if source is None:
+                    source = self.device_view(src, nbytes)
+            else:
+                # PyOpenCL wraps only writable memory: stage a read-only source (bytes)
+                host = src if not src.readonly else memoryview(bytearray(src))
+                source = self.wrap_host(host)
+            event = self.svm_memcpy(queue, False, target, source, None, nbytes)
+            self.last = event
+            if host is not None:
+                keep = self.keep  # read after the enqueue (see QueueStreamOps.synchronize)
+                self.unscanned += host.nbytes
+                if len(keep) >= self.scan_at or self.unscanned >= self.scan_bytes:
+                    self.rescan(keep)
+                keep.append((event, host))
+        except Exception as exc:
+            self.failed("memcpy_async", exc)
+            raise
+
+
+_native_streams, _ = load("accelrt._native_streams")
+if TYPE_CHECKING or _native_streams is None:
+    _SVMStream = _SVMStreamFields
+else:
+    _SVMStream = _native_streams.SVMStreamOps
+
+
+class _CLStream(_SVMStream):
     """One stream of a device (``StreamOps``): its queue and what accelrt enqueued on it.
 
     ``OpenCLBackend.stream_ops`` hands out the one object of a live handle, so every ``Stream``
@@ -194,7 +267,7 @@ class _CLStream(QueueStreamOps):
     ``ValueError`` of an unknown handle, and ``query`` is True (nothing accelrt enqueued).
     """
 
-    __slots__ = ("device", "handle", "scan_at", "unscanned")  # and queue, last, keep
+    __slots__ = ("device", "handle")  # and the fields of its bases
 
     def __init__(self, device: _CLDevice, handle: int, queue: Any) -> None:
         self.device = device
@@ -205,7 +278,11 @@ class _CLStream(QueueStreamOps):
         # the (event, host object) pairs of the queue's async host copies in enqueue order,
         # kept until the copy completes (an in-order queue completes them in that order)
         self.keep: deque[tuple[Any, Any]] = deque()
+        self.views = device.svm
+        self.wrap_host = device.cl.SVM
+        self.svm_memcpy = device.svm_memcpy
         self.scan_at = _KEEP_SCAN  # the length of keep at which a copy forgets finished ones
+        self.scan_bytes = _KEEP_SCAN_BYTES
         self.unscanned = 0  # bytes of host objects added to keep since it was last looked at
 
     def query(self) -> bool:
@@ -244,59 +321,26 @@ class _CLStream(QueueStreamOps):
             _raise_driver_error("event_record", exc)
             raise
 
-    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
-        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes.
+    # memcpy_async: _SVMStream's (compiled where it can be), with these two
+    def device_view(self, address: int, nbytes: int) -> Any:
+        """The ``cl.SVM`` of device memory, made and cached (``_svm``)."""
+        return _svm(self.device, address, nbytes)
 
-        The ``cl.SVM`` wrappers of device pointers are cached (see ``_svm``); the copy is
-        enqueued through PyOpenCL's extension function directly (``_CLDevice.svm_memcpy``). The
-        host objects of the queue's copies are forgotten in order once complete: by
-        ``synchronize``, by waiting for an event recorded after them, and by later copies, which
-        look when the queue holds ``scan_at`` of them or ``_KEEP_SCAN_BYTES`` were added since
-        the last look. ``scan_at`` is what the last look left plus as many again, and at least
-        ``_KEEP_SCAN`` more: a look that finds the queue's oldest copy still running (a status
-        query costing more than a copy call) comes once per ``_KEEP_SCAN`` copies at most, and
-        the finished host objects held beyond those in flight at the last look are no more
-        than those (or ``_KEEP_SCAN``), and no more than ``_KEEP_SCAN_BYTES``.
+    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
+        """Forget the host objects of the finished copies at the head of ``keep``.
+
+        A copy of host memory calls this once ``keep`` holds ``scan_at`` entries or
+        ``_KEEP_SCAN_BYTES`` were added since the last look. ``scan_at`` becomes what this
+        look left plus as many again, and at least ``_KEEP_SCAN`` more: a look that finds the
+        queue's oldest copy still running (a status query costing more than a copy call) comes
+        once per ``_KEEP_SCAN`` copies at most, and the finished host objects held beyond those
+        in flight at the last look are no more than those (or ``_KEEP_SCAN``), and no more than
+        ``_KEEP_SCAN_BYTES``. ``synchronize`` and waiting for an event recorded after the
+        copies forget them too.
         """
-        queue = self.queue
-        if queue is None:
-            raise _no_stream(self.device.index, self.handle)
-        state = self.device
-        try:
-            host: memoryview | None = None
-            if isinstance(dst, int):
-                target = state.svm.get((dst, nbytes))
-                if target is None:
-                    target = _svm(state, dst, nbytes)
-            else:
-                host = dst
-                target = state.cl.SVM(dst)
-            if isinstance(src, int):
-                source = state.svm.get((src, nbytes))
-                if source is None:
-                    source = _svm(state, src, nbytes)
-            else:
-                # PyOpenCL wraps only writable memory: stage a read-only source (bytes)
-                host = src if not src.readonly else memoryview(bytearray(src))
-                source = state.cl.SVM(host)
-            if state.svm_memcpy is not None:
-                event = state.svm_memcpy(queue, False, target, source, None, nbytes)
-            else:
-                event = state.cl.enqueue_copy(
-                    queue, target, source, byte_count=nbytes, is_blocking=False
-                )
-            self.last = event
-            if host is not None:
-                keep = self.keep  # read after the enqueue (see QueueStreamOps.synchronize)
-                self.unscanned += host.nbytes
-                if len(keep) >= self.scan_at or self.unscanned >= _KEEP_SCAN_BYTES:
-                    _drop_completed(keep)
-                    self.scan_at = len(keep) + max(_KEEP_SCAN, len(keep))
-                    self.unscanned = 0
-                keep.append((event, host))
-        except Exception as exc:
-            _raise_driver_error("memcpy_async", exc)
-            raise
+        _drop_completed(keep)
+        self.scan_at = len(keep) + max(_KEEP_SCAN, len(keep))
+        self.unscanned = 0
 
 
 class OpenCLBackend:
