@@ -33,7 +33,11 @@ cdef class StreamCore:
 
     def synchronize(self):
         """Block until all work submitted to the stream has completed."""
-        self._ops.synchronize()
+        ops = self._ops
+        if isinstance(ops, QueueStreamOps):  # a C call (overrides in Python still win)
+            (<QueueStreamOps>ops).synchronize()
+        else:
+            ops.synchronize()
 
 
 cdef class QueueStreamOps:
@@ -48,7 +52,7 @@ cdef class QueueStreamOps:
 
     cdef public object queue, last, keep
 
-    def synchronize(self):
+    cpdef synchronize(self):
         """Block until the queue's work has completed; forget what that work needed.
 
         ``keep`` is swapped for an empty deque before ``finish``: every entry in the old one
