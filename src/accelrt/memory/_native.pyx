@@ -920,12 +920,18 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
 # ---------------------------------------------------------------------- the public fast path
 @cython.final
 @cython.freelist(64)
+@cython.no_gc
 cdef class Buffer:
     # accelrt.Buffer where the compiled core runs: its fields, free and finaliser in C.
     # memory/_buffer.py writes the rest of the class once, in Python, docstring included, and
     # gives it to this type (adopt; a docstring here would hide the adopted one). On the pure
     # core Buffer is a Python class with the same fields (_BufferFields). A final type with a
     # free list: making and dropping a buffer allocates nothing and runs no Python code.
+    # Not tracked by the garbage collector (no_gc): it has no __dict__, and what its fields
+    # reach (the allocator, its blocks, a stream) refers to no buffer but through a stream's
+    # held host objects (a copy from buf.numpy()), which the backend's state reaches until
+    # the copy has finished: never an unreachable cycle for the collector to find. Tracking
+    # it cost 7 ns of a 187 ns empty(n).free().
 
     cdef public object _allocator, _block, _stream, nbytes
     cdef readonly int64_t ptr
