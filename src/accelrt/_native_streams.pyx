@@ -1,13 +1,14 @@
 # cython: language_level=3
-"""Compiled hot paths of streams: ``Stream.query``/``synchronize`` and a queue stream's
-``synchronize`` without a Python frame (docs/design.md, "Two cores").
+"""Compiled hot paths of streams: ``Stream.query``/``synchronize``, a queue stream's
+``synchronize`` and OpenCL's ``memcpy_async`` without a Python frame (docs/design.md).
 
 ``StreamCore`` holds ``accelrt.Stream``'s fields and its two per-call methods; ``Stream``
 (_stream.py) derives from it. ``QueueStreamOps`` holds the fields of a backend's per-stream
-object whose stream is an in-order queue (OpenCL's ``_CLStream``) and its ``synchronize``.
-Where this module is not built, or ``ACCELRT_PURE_PYTHON`` is set, their Python twins
-(``_stream._StreamFields``, ``backends._base._QueueStreamFields``) are the bases instead; the
-conformance tests run on both.
+object whose stream is an in-order queue and its ``synchronize``; ``SVMStreamOps`` adds the
+copies of a queue whose copies are SVM memcpys through PyOpenCL (the base of OpenCL's
+``_CLStream``). Where this module is not built, or ``ACCELRT_PURE_PYTHON`` is set, their
+Python twins (``_stream._StreamFields``, ``backends._base._QueueStreamFields``,
+``backends.opencl._SVMStreamFields``) are the bases instead; the conformance tests run on both.
 
 A Python call costs about 25 ns; an idle ``clFinish`` through PyOpenCL about 80 ns. Two Python
 frames (the public method, the backend's) on top of it were 1.45x the raw call; here the

@@ -4,7 +4,8 @@
 
 This module holds the allocator's hot data and the operations that run on every call:
 ``Block`` and ``BlockPool`` (free blocks indexed by (stream, size, address) in C++ ordered
-sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``, ``free``, the best-fit lookup, splitting and merging.
+sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``, ``free``, the best-fit lookup, splitting and merging. Its public fast path is ``Buffer``, ``empty(n)``
+and the common calls of ``copy_`` (each falling back to memory/_api.py for the rest).
 
 ``NativeCachingAllocator`` (memory/_core.py) is ``HotPath`` in front of the Python
 ``CachingAllocator``: every rare path (new segments, the OOM ladder, events, expandable
