@@ -29,6 +29,11 @@ threads, and on a 2-core machine when they run swings a batch by 2x: the best ba
 side is a lucky one, and best-of ratios of the same code were 0.8x in one run and 2x in the
 next; the medians of a few hundred interleaved batches move by a few percent.
 
+Copy bandwidth is the bytes of all batches over their time: a 1 MiB copy's batch times fall
+in two modes (the workers awake or woken), and the median batch jumps between them (0.94 to
+1.00 of raw in four runs of the same code), where all bytes over all time moved 0.97 to
+0.995. The median batch's share is printed beside it.
+
 Targets (issue 10): each operation at most 1.2x the raw function; copies of 1 MiB and more at
 95% or more of raw bandwidth. Prints two tables; asserts nothing (timing is not a test).
 
@@ -197,7 +202,7 @@ def main() -> None:
 
     print()
     header = f"{'copy':12} {'accelrt GB/s':>12} {'raw GB/s':>9} {'of raw':>7}"
-    print(f"{header} {'(best)':>7}  target >= 95% (medians)")
+    print(f"{header} {'(median)':>8}  target >= 95% (all bytes / all time)")
     for size in sizes:
         a, b = acc.empty(size, stream=stream), acc.empty(size, stream=stream)
         ra, rb = raw_memory(a), raw_memory(b)
@@ -216,14 +221,14 @@ def main() -> None:
             ours = f"acc.copy_({to}, {frm}, stream=stream); stream.synchronize()"
             raw = f"cl.enqueue_copy(queue, {raw_to}, {raw_frm}, is_blocking=False); queue.finish()"
             found = batch_ns({"ours": ours, "raw": raw}, space, 10, rounds)
-            ours_gbs = size / statistics.median(found["ours"])
-            raw_gbs = size / statistics.median(found["raw"])
+            ours_gbs = size / statistics.mean(found["ours"])  # equal batches: bytes / time
+            raw_gbs = size / statistics.mean(found["raw"])
             share = ours_gbs / raw_gbs
-            best_share = min(found["raw"]) / min(found["ours"])
+            median_share = statistics.median(found["raw"]) / statistics.median(found["ours"])
             label = f"{kind} {size >> 20} MiB"
             mark = "ok" if share >= 0.95 else "MISS"
             line = f"{label:12} {ours_gbs:12.2f} {raw_gbs:9.2f} {share:6.1%}"
-            print(f"{line} {best_share:7.1%}  {mark}")
+            print(f"{line} {median_share:8.1%}  {mark}")
         a.free()
         b.free()
 
