@@ -37,12 +37,12 @@ extensions = [
         "accelrt.memory._native",
         ["src/accelrt/memory/_native.pyx"],
         language="c++",
-        extra_compile_args=["-O2", "-std=c++17"],
+        extra_compile_args=["-O3", "-std=c++17"],
     ),
     Extension(
         "accelrt._native_streams",
         ["src/accelrt/_native_streams.pyx"],
-        extra_compile_args=["-O2"],
+        extra_compile_args=["-O3"],
     ),
 ]
 

@@ -9,8 +9,9 @@ Measures, on the OpenCL device (PoCL's CPU device where there is no GPU), for 51
 - the same pair on the pure-Python reference allocator (``memory._core.ReferenceCachingAllocator``);
 - ``pyopencl.tools.MemoryPool`` ``allocate`` + ``release``: the peer, a C++ caching pool.
 
-Each is the best of several repeats of N pairs, interleaved by size, printed with its ratio to
-the peer. Targets (issue 10): public <= 1.0x, internal <= 0.8x.
+Each is the best of several repeats of N pairs (a tenth of them for the reference), the four
+variants interleaved repeat by repeat, size by size, printed with its ratio to the peer.
+Targets (issue 10): public <= 1.0x, internal <= 0.8x.
 
     python bench/alloc_latency.py [--pairs 200000] [--repeats 5]
     ACCELRT_PURE_PYTHON=1 python bench/alloc_latency.py   # the public path on the Python core
@@ -29,14 +30,20 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no BLAS threads spinning b
 SIZES = (512, 4096, 1 << 20)
 
 
-def best_ns_per_pair(pair: Callable[[int], None], pairs: int, repeats: int) -> float:
-    """Return the best mean ns of one pair, over ``repeats`` runs of ``pair(pairs)``."""
-    pair(1)
-    best = float("inf")
+def best_ns_per_pair(
+    runs: dict[str, tuple[Callable[[int], None], int]], repeats: int
+) -> dict[str, float]:
+    """Return, for each ``name: (pair, pairs)``, the best mean ns of one pair over
+    ``repeats`` runs of ``pair(pairs)``, the variants interleaved run by run (a machine that
+    speeds up or slows down during the measurement does so for all of them)."""
+    best = dict.fromkeys(runs, float("inf"))
+    for pair, _ in runs.values():
+        pair(1)
     for _ in range(repeats):
-        start = time.perf_counter_ns()
-        pair(pairs)
-        best = min(best, (time.perf_counter_ns() - start) / pairs)
+        for name, (pair, pairs) in runs.items():
+            start = time.perf_counter_ns()
+            pair(pairs)
+            best[name] = min(best[name], (time.perf_counter_ns() - start) / pairs)
     return best
 
 
@@ -75,9 +82,9 @@ def main() -> None:
             for _ in range(n):
                 free(malloc(size, 0))
 
-        def python_core(n: int, size: int = size) -> None:
+        def python_core(n: int, size: int = size) -> None:  # 20x slower: run a tenth
             malloc, free = reference.malloc, reference.free
-            for _ in range(max(n // 10, 1)):  # 10x slower: a tenth of the pairs
+            for _ in range(n):
                 free(malloc(size, 0))
 
         def public(n: int, size: int = size) -> None:
@@ -85,10 +92,20 @@ def main() -> None:
             for _ in range(n):
                 empty(size).free()
 
-        peer_ns = best_ns_per_pair(peer, args.pairs, args.repeats)
+        pairs = args.pairs
+        best = best_ns_per_pair(
+            {
+                "peer": (peer, pairs),
+                "internal": (internal, pairs),
+                "reference": (python_core, max(pairs // 10, 1)),
+                "public": (public, pairs),
+            },
+            args.repeats,
+        )
+        peer_ns = best["peer"]
         cells = [f"{peer_ns:10.0f}"]
-        for run, count in ((internal, 1), (python_core, 10), (public, 1)):
-            ns = best_ns_per_pair(run, args.pairs, args.repeats) * count
+        for name in ("internal", "reference", "public"):
+            ns = best[name]
             cells.append(f"{ns:8.0f} ({ns / peer_ns:5.2f}x)")
         print(f"{size:>8} " + " ".join(cells))
 

@@ -108,11 +108,17 @@ cdef class StatArray:
 
     cdef inline void up(self, bint is_small, int64_t amount) noexcept:
         self.all.up(amount)
-        (self.small if is_small else self.large).up(amount)
+        if is_small:  # no temporary reference, unlike a conditional expression
+            self.small.up(amount)
+        else:
+            self.large.up(amount)
 
     cdef inline void down(self, bint is_small, int64_t amount) noexcept:
         self.all.down(amount)
-        (self.small if is_small else self.large).down(amount)
+        if is_small:  # no temporary reference, unlike a conditional expression
+            self.small.down(amount)
+        else:
+            self.large.down(amount)
 
     def increase(self, bint is_small, int64_t amount):
         """Increase ``all`` and the given pool's stat."""
