@@ -96,7 +96,8 @@ cdef class SVMStreamOps(QueueStreamOps):
 
     def memcpy_async(self, dst, src, Py_ssize_t nbytes):
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
-        (in ``keep``, as ``(event, host memoryview)``). See ``_CLStream.memcpy_async``."""
+        (in ``keep``, as ``(event, host memoryview)``; when it is trimmed: ``_CLStream.rescan``).
+        """
         queue = self.queue
         if queue is None:
             self.missing()

@@ -65,7 +65,7 @@ _EXECUTION_STATUS = 0x11D3
 # the largest number of cached cl.SVM wrappers of device memory per device (see _svm)
 _SVM_CACHE_SIZE = 4096
 
-# A copy looks for finished copies of its queue to forget (see _CLStream.memcpy_async) once
+# A copy looks for finished copies of its queue to forget (see _CLStream.rescan) once
 # this many more host objects than the last look left are held (at least as many as it left),
 # or this many bytes were added since: asking a command's status while the device runs it
 # costs about 1.4 us on PoCL, more than the rest of the copy call, so looking at every copy
@@ -217,7 +217,8 @@ class _SVMStreamFields(QueueStreamOps):
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
-        (in ``keep``, as ``(event, host memoryview)``). See ``_CLStream.memcpy_async``."""
+        (in ``keep``, as ``(event, host memoryview)``; when it is trimmed: ``_CLStream.rescan``).
+        """
         queue = self.queue
         if queue is None:
             self.missing()
@@ -629,7 +630,7 @@ class OpenCLBackend:
     ) -> None:
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes.
 
-        See ``_CLStream.memcpy_async``.
+        See ``_CLStream``'s ``memcpy_async`` (its base's) and ``rescan``.
         """
         self._stream(index, stream).memcpy_async(dst, src, nbytes)
 
