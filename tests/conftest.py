@@ -8,7 +8,10 @@ import os
 # the multi-device tests run on OpenCL too; pin both before anything imports pyopencl.
 os.environ.setdefault("POCL_MEMORY_LIMIT", "2")
 os.environ.setdefault("POCL_DEVICES", "pthread pthread")
+# the commands read these when --config gives no setting
 os.environ.pop("ACCELRT_ALLOC_CONF", None)
+os.environ.pop("PYTORCH_ALLOC_CONF", None)
+os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
 os.environ.pop("ACCELRT_BACKEND", None)
 
 import _thread

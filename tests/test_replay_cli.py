@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,9 +200,8 @@ def test_replay_takes_a_real_pytorch_alloc_conf(capsys: pytest.CaptureFixture[st
     captured = capsys.readouterr()
     assert json.loads(captured.out)["config"] == "expandable_segments:True"
     assert captured.err == (
-        f"accelrt: ignored in {repr(conf)[:57]}...: backend:native, "
-        "pinned_use_background_threads:True (the device allocator's policy does not depend on "
-        "them)\n"
+        "accelrt: ignored in --config: backend:native, pinned_use_background_threads:True (the "
+        "device allocator's policy does not depend on them)\n"
     )
 
 
@@ -317,7 +317,7 @@ def test_device_index_means_the_same_in_replay_and_snapshot(
         "diff": ["snapshot", "diff", str(snap), str(snap)],
     }
     helps = set()
-    for argv in commands.values():
+    for argv in [*commands.values(), ["sweep"]]:
         parser = build_parser()
         sub = parser._subparsers._group_actions[0].choices[argv[0]]  # type: ignore[union-attr]
         if argv[0] == "snapshot":
@@ -325,25 +325,230 @@ def test_device_index_means_the_same_in_replay_and_snapshot(
         [action] = [a for a in sub._actions if "--device-index" in a.option_strings]
         helps.add((action.help, action.default))
     assert helps == {
-        ("snapshots: the recorded device to read, N of device_traces[N] (default: 0)", None)
+        (
+            "snapshots: only the recorded device N, of device_traces[N] (default: every "
+            "recorded device)",
+            None,
+        )
     }
-    for argv in commands.values():  # the same one-line error out of range
+    for argv in commands.values():  # the same one-line error naming the devices there are
         assert main([*argv, "--device-index", "2"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1
         assert err.endswith(
-            f": error: --device-index 2 is out of range [0, 2) for {snap}; choose a device the "
-            "snapshot recorded\n"
+            f": error: --device-index 2 is out of range for {snap}: it has devices 0, 1; choose "
+            "one of them, or leave --device-index out for all\n"
         )
-    # default 0: with two devices recorded, nothing asks to choose
-    for index, live in (([], "6.00 MiB"), (["--device-index", "0"], "6.00 MiB"),
-                        (["--device-index", "1"], "12.00 MiB")):  # fmt: skip
+    # by default every device with history; --device-index N: that one only
+    for index, shown in (([], "01"), (["--device-index", "0"], "0"),
+                         (["--device-index", "1"], "1")):  # fmt: skip
         assert main([*commands["replay"], *index]) == 0
         out = capsys.readouterr().out
-        assert f"_dev{(index or ['', '0'])[1]} on sim:0" in out
+        assert [f"_dev{d} on sim:0" in out for d in "01"] == [d in shown for d in "01"]
         assert main([*commands["summary"], *index]) == 0
         out = capsys.readouterr().out
-        assert f"(recorded device {(index or ['', '0'])[1]})" in out and live in out
+        assert [f"(recorded device {d})" in out for d in "01"] == [d in shown for d in "01"]
+        assert ("Total of 2 recorded devices" in out) == (shown == "01")
     assert main([*commands["view"], "--device-index", "1"]) == 0
     assert main([*commands["diff"], "--device-index", "1"]) == 0
     assert main([*commands["segments"], "--device-index", "1"]) == 0
+
+
+def recorded_on_two_devices(path: Path) -> Path:
+    """A snapshot accelrt recorded on both simulated devices from an empty start. Device 0
+    allocates 1 and 5 MiB (a 2 MiB small segment and a 20 MiB one: peak requested 6 MiB,
+    reserved 22 MiB); device 1 allocates 3, 30 and 7 MiB (the 7 MiB in the 20 MiB segment of
+    the 3 MiB, beside a 30 MiB one: 40 MiB requested, 50 MiB reserved; with expandable
+    segments 40 MiB)."""
+    import accelrt as acc
+
+    acc.backends.use("sim")
+    acc.record_memory_history(device=0)
+    acc.record_memory_history(device=1)
+    on0 = [acc.empty(n, device=0) for n in (MiB, 5 * MiB)]
+    with acc.device_index(1):
+        on1 = [acc.empty(n) for n in (3 * MiB, 30 * MiB, 7 * MiB)]
+    on0[0].free()
+    on1[1].free()
+    acc.dump_snapshot(path)
+    return path
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_replay_takes_every_recorded_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelrt.trace import read_snapshot, trace_from_snapshot
+    from accelrt.trace._snapshot import traces_from_snapshot
+
+    snap = recorded_on_two_devices(tmp_path / "two.pickle")
+    traces = traces_from_snapshot(read_snapshot(snap), path=str(snap))
+    assert [(t.name, t.recording.device) for t in traces if t.recording] == [
+        ("two_dev0", 0), ("two_dev1", 1)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"devices \[0, 1\] all have events; choose one"):
+        trace_from_snapshot(read_snapshot(snap))  # one device: its contract is unchanged
+    assert main(["replay", str(snap), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" on ")[0] for line in lines if " on sim:0 " in line] == [
+        "two_dev0", "two_dev1"
+    ]  # fmt: skip
+    rows = [line.split("│")[1:3] for line in lines if line.startswith("│ setting from")]
+    assert [[cell.strip() for cell in row] for row in rows] == [["setting from", "recorded"]] * 2
+    assert "two: 2 recorded devices" in lines
+    [total] = [line for line in lines if line.startswith("│ total ")]
+    assert total.split() == ["│", "total", "│", "46.00", "MiB", "│", "72.00", "MiB", "│"]
+    assert lines[-1] == (
+        "[recorded] total of 2 devices: peak requested 48234496 bytes, peak reserved 75497472 "
+        "bytes; PyTorch recorded 75497472 bytes"
+    )
+    data = _json(capsys, ["replay", str(snap), "--json"])
+    assert data["trace"] == "two" and data["recorded_devices"] == [0, 1]
+    assert [
+        (r["trace"], r["recorded_device"], r["config_source"], r["peak_requested_bytes"],
+         r["peak_reserved_bytes"], r["recorded_peak_reserved_bytes"])
+        for r in data["reports"]
+    ] == [
+        ("two_dev0", 0, "recorded", 6 * MiB, 22 * MiB, 22 * MiB),
+        ("two_dev1", 1, "recorded", 40 * MiB, 50 * MiB, 50 * MiB),
+    ]  # fmt: skip
+    assert data["totals"] == [
+        {"config": "recorded", "config_source": "recorded", "devices": 2,
+         "peak_requested_bytes": 46 * MiB, "peak_reserved_bytes": 72 * MiB,
+         "recorded_peak_reserved_bytes": 72 * MiB},
+    ]  # fmt: skip
+    both = ["--config", "defaults", "--config", "expandable_segments:True"]
+    data = _json(capsys, ["replay", str(snap), "--json", *both])
+    assert [r["trace"] for r in data["reports"]] == ["two_dev0"] * 2 + ["two_dev1"] * 2
+    totals = [(t["config"], t["config_source"], t["peak_reserved_bytes"]) for t in data["totals"]]
+    assert totals == [
+        ("defaults", "--config", 72 * MiB), ("expandable_segments:True", "--config", 62 * MiB)
+    ]  # fmt: skip
+    one = _json(capsys, ["replay", str(snap), "--json", "--device-index", "1"])
+    assert (one["trace"], one["recorded_device"], one["peak_reserved_bytes"]) == (
+        "two_dev1", 1, 50 * MiB
+    )  # fmt: skip
+    assert main(["replay", str(snap), "--device-index", "5"]) == 2
+    assert capsys.readouterr().err == (
+        f"accelrt replay: error: --device-index 5 is out of range for {snap}: it has devices "
+        "0, 1; choose one of them, or leave --device-index out for all\n"
+    )
+
+
+def test_snapshot_commands_take_every_recorded_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import html
+    import re
+
+    snap = recorded_on_two_devices(tmp_path / "two.pickle")
+    assert main(["snapshot", "summary", str(snap)]) == 0
+    out = capsys.readouterr().out
+    assert "(recorded device 0)" in out and "(recorded device 1)" in out
+    assert out.endswith(
+        "Total of 2 recorded devices: peak requested 48234496 bytes, peak reserved 75497472 "
+        "bytes (PyTorch recorded 75497472 bytes).\n"
+    )
+    assert main(["snapshot", "segments", str(snap)]) == 0
+    out = capsys.readouterr().out
+    assert "recorded device 0:\n" in out and "\n\nrecorded device 1:\n" in out
+    assert out.splitlines()[-1].startswith(
+        "total of 2 recorded devices: segments: 4, reserved 72.00 MiB"
+    )
+    page, png = tmp_path / "page.html", tmp_path / "p.png"
+    assert main(["snapshot", "view", str(snap), "-o", str(page), "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {page} (devices 0, 1; ")
+    assert out.endswith(f"{tmp_path / 'p_dev0.png'}, {tmp_path / 'p_dev1.png'}\n")
+    sections = re.findall(r'<iframe title="([^"]*)" srcdoc="([^"]*)">', page.read_text())
+    assert [title for title, _ in sections] == ["two_dev0", "two_dev1"]
+    for title, doc in sections:  # each section is that device's whole page
+        assert html.unescape(doc).startswith("<!DOCTYPE html>")
+        assert f"<title>{title}: memory</title>" in html.unescape(doc)
+    assert main(["snapshot", "view", str(snap), "-o", str(page), "--device-index", "1"]) == 0
+    assert "<iframe" not in page.read_text() and "<title>two_dev1: memory" in page.read_text()
+    capsys.readouterr()
+    argv = ["snapshot", "diff", str(snap), "--config", "defaults"]
+    assert main([*argv, "--config", "expandable_segments:True"]) == 0
+    out = capsys.readouterr().out
+    for device in "01":
+        assert f"A: two.pickle device {device}, setting from --config (defaults)\n" in out
+        assert (
+            f"B: two.pickle device {device}, setting from --config (expandable_segments:True)\n"
+            in out
+        )
+    assert out.endswith(
+        "Total of 2 recorded devices: peak reserved (replay) A 75497472 bytes (72.00 MiB), B "
+        "65011712 bytes (62.00 MiB), B - A -10485760 bytes\n"
+    )
+    one = tmp_path / "one.pickle"
+    one.write_bytes(snap.read_bytes())
+    assert main(["snapshot", "diff", str(snap), str(one), "--device-index", "1"]) == 0
+    assert "A: two.pickle, setting from recorded (defaults)" in capsys.readouterr().out
+
+
+def test_defaults_is_a_setting_in_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["replay", str(EXAMPLE), "--device", "sim", "--json"]
+    named = _json(capsys, [*argv, "--config", "defaults"])
+    empty = _json(capsys, [*argv, "--config", ""])
+    assert (named["config"], named["config_source"]) == ("defaults", "--config")
+    assert named["peak_reserved_bytes"] == empty["peak_reserved_bytes"]
+    snap = recorded_on_two_devices(tmp_path / "two.pickle")
+    outs = []
+    for setting in ("defaults", ""):
+        argv = ["snapshot", "diff", str(snap), "--config", setting, "--config", setting]
+        assert main(argv) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "setting from --config (defaults)" in outs[0]
+
+
+def test_the_environment_gives_the_setting_when_config_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["replay", str(EXAMPLE), "--device", "sim", "--json"]
+
+    def setting(*extra: str) -> tuple[str, str]:
+        data = _json(capsys, [*argv, *extra])
+        return data["config"], data["config_source"]
+
+    assert setting() == ("defaults", "defaults")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    assert setting() == ("max_split_size_mb:64", "environment PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")  # PyTorch reads it first
+    assert setting() == ("expandable_segments:True", "environment PYTORCH_ALLOC_CONF")
+    monkeypatch.setenv("ACCELRT_ALLOC_CONF", "")  # empty: as unset
+    assert setting() == ("expandable_segments:True", "environment PYTORCH_ALLOC_CONF")
+    monkeypatch.setenv("ACCELRT_ALLOC_CONF", "garbage_collection_threshold:0.5")
+    assert setting() == ("garbage_collection_threshold:0.5", "environment ACCELRT_ALLOC_CONF")
+    assert setting("--config", "defaults") == ("defaults", "--config")  # --config wins
+    assert main(["replay", str(EXAMPLE), "--device", "sim"]) == 0
+    [row] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("│ setting from")]
+    assert row.split("│")[2].strip() == "environment ACCELRT_ALLOC_CONF"
+    # a snapshot: the environment before its recorded settings, never silently ignored
+    snap = recorded_on_two_devices(tmp_path / "two.pickle")
+    monkeypatch.setenv("ACCELRT_ALLOC_CONF", "expandable_segments:True")
+    [total] = _json(capsys, ["replay", str(snap), "--json"])["totals"]
+    assert (total["config"], total["config_source"], total["peak_reserved_bytes"]) == (
+        "expandable_segments:True", "environment ACCELRT_ALLOC_CONF", 62 * MiB
+    )  # fmt: skip
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native,max_split_size_mb:64")
+    monkeypatch.delenv("ACCELRT_ALLOC_CONF")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF")
+    assert main([*argv, "--no-progress"]) == 0
+    assert capsys.readouterr().err == (
+        "accelrt: ignored in environment PYTORCH_CUDA_ALLOC_CONF: backend:native (the device "
+        "allocator's policy does not depend on them)\n"
+    )
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "bogus:1")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "accelrt replay: error: PYTORCH_ALLOC_CONF: unknown allocator setting 'bogus'"
+    )
+    assert err.endswith("(in 'bogus:1'); fix or unset it\n") and err.count("\n") == 1

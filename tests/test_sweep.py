@@ -122,6 +122,8 @@ def _same_as_replay(
         single = expected[r.trace, r.config, r.capacity]
         assert row["name"] == single["trace"] and row["settings"] == single["config"]
         for key, value in single.items():
+            if key == "config_source" and value == "--config":
+                value = "configs"  # given to sweep() as configs, to replay as --config
             if key not in ("trace", "config", *_TIMING):
                 assert row[key] == value, (r.trace, r.config, r.capacity, key)
 
@@ -458,3 +460,55 @@ def test_import_accelrt_does_not_import_dask() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "accelrt._sweep"
+
+
+def test_every_recorded_device_is_swept_and_ranked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_replay_cli import recorded_on_two_devices
+
+    snap = str(recorded_on_two_devices(tmp_path / "two.pickle"))
+    results = sweep(snap, ["defaults", "expandable_segments:True"], scheduler="synchronous")
+    rows = [(r.name, r.recorded_device, r.config, r.config_source, r.peak_reserved_bytes)
+            for r in results]  # fmt: skip
+    assert rows == [
+        ("two_dev0", 0, "recorded", "recorded", 22 * MiB),
+        ("two_dev0", 0, "defaults", "configs", 22 * MiB),
+        ("two_dev0", 0, "expandable_segments:True", "configs", 22 * MiB),
+        ("two_dev1", 1, "recorded", "recorded", 50 * MiB),
+        ("two_dev1", 1, "defaults", "configs", 50 * MiB),
+        ("two_dev1", 1, "expandable_segments:True", "configs", 40 * MiB),
+    ]
+    assert results.units() == [(snap, 0), (snap, 1)]
+    summary = {s.config: (s.rank, s.traces, s.total_peak_reserved_bytes) for s in results.summary()}
+    assert summary == {
+        "expandable_segments:True": (1, 2, 62 * MiB),
+        "recorded": (2, 2, 72 * MiB),
+        "defaults": (3, 2, 72 * MiB),
+    }
+    assert results.best(snap, 1) is results[5]
+    only = sweep(snap, "defaults", device_index=1, scheduler="synchronous")
+    assert [(r.name, r.recorded_device) for r in only] == [("two_dev1", 1)] * 2
+    absent = sweep(snap, "defaults", device_index=5, scheduler="synchronous")
+    assert absent[0].error == (
+        f"{snap}: device index 5 is out of range: the snapshot has devices 0, 1, with allocation "
+        "history on 0, 1; choose one of those"
+    )
+    argv = ["sweep", snap, "--scheduler", "synchronous"]
+    assert cli.main([*argv, "--config", "defaults"]) == 0
+    out = capsys.readouterr().out
+    assert "fleet summary: 2 traces (1 file: each recorded device counts), best first" in out
+    assert out.count("  defaults (from --config)") == 2 and "two_dev1" in out
+    monkeypatch.setenv("ACCELRT_ALLOC_CONF", "expandable_segments:True")  # no --config: used
+    data = json.loads(_out(capsys, [*argv, "--json"]))
+    assert [(r["name"], r["config"], r["config_source"]) for r in data["results"]] == [
+        (f"two_dev{d}", c, s)
+        for d in (0, 1)
+        for c, s in (("recorded", "recorded"),
+                     ("expandable_segments:True", "environment ACCELRT_ALLOC_CONF"))
+    ]  # fmt: skip
+
+
+def _out(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert cli.main(argv) == 0
+    return capsys.readouterr().out

@@ -163,7 +163,10 @@ def test_summary_diff_version_and_markup(
     gc = "garbage_collection_threshold:0.5"
     assert cli.main(["snapshot", "diff", str(path), "--config", "", "--config", gc]) == 0
     out = capsys.readouterr().out
-    assert "peak live" in out and "B: oom.pickle (garbage_collection_threshold:0.5)" in out
+    assert (
+        "peak live" in out
+        and "B: oom.pickle, setting from --config (garbage_collection_threshold:0.5)" in out
+    )
     assert cli.main(["snapshot", "diff", str(path)]) == 2
     assert "give --config twice" in capsys.readouterr().err
     page = tmp_path / "p.html"

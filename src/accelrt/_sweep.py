@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import json
@@ -34,7 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._units import format_bytes, parse_bytes
-from .memory._config import AllocatorConfig
+from ._verdict import oom_verdict
+from .memory._config import RECORDED, AllocatorConfig, Setting, setting_text
 from .replay import UNLIMITED_CAPACITY, ReplayReport, replay
 
 if TYPE_CHECKING:
@@ -53,8 +55,6 @@ __all__ = [
 GRANULARITY = 2 * 1024 * 1024
 """The capacity search's step in bytes (2 MiB): the size large segments are rounded to
 (docs/allocator.md section 2), so no capacity between two steps behaves differently."""
-RECORDED = "recorded"
-"""The setting label of a PyTorch snapshot's own recorded allocator settings."""
 SCHEDULERS = ("processes", "threads", "synchronous")
 """The local Dask schedulers ``scheduler=`` names; anything else must be ``tcp://HOST:PORT``."""
 CONNECT_TIMEOUT = 5.0
@@ -97,6 +97,14 @@ class SweepResult:
         which this setting replays the trace without an OOM (one step less runs out). None
         when not asked for, when the replay failed, or when no capacity fits (a request larger
         than any device).
+    config_source : str
+        Where the setting came from (``Setting.source``): ``"recorded"``, ``"grid"``,
+        ``"defaults"`` (nothing asked for), ``"configs"`` (given as a string, mapping or
+        config), or what a :class:`~accelrt.memory.Setting` given says (the command's
+        ``"--config"``, ``"environment ACCELRT_ALLOC_CONF"``...).
+    recorded_device : int or None
+        For a snapshot, the recorded device this row replays (each device with allocation
+        history has its rows); None for a JSONL trace, or a file that could not be read.
     """
 
     trace: str
@@ -105,6 +113,8 @@ class SweepResult:
     report: ReplayReport | None = None
     error: str | None = None
     min_capacity_bytes: int | None = None
+    config_source: str = ""
+    recorded_device: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -147,20 +157,25 @@ class SweepResult:
             The replay report's keys (``ReplayReport.to_dict``; all None when the replay
             failed), with ``trace`` and ``config`` meaning this combination's path and setting;
             the report's own ``trace`` (the trace's name) and ``config`` (the settings that
-            differ from the defaults) are kept as ``name`` and ``settings``. Also ``capacity``
-            (asked for; None: the default), ``error`` and ``min_capacity_bytes``.
+            differ from the defaults) are kept as ``name`` and ``settings``. Also
+            ``config_source``, ``capacity`` (asked for; None: the default), ``error``,
+            ``min_capacity_bytes``, ``recorded_device`` and ``verdict`` (the OOM verdict on
+            this replay alone, as ``accelrt replay --json`` gives it: ``accelrt._verdict``).
         """
         report = self.report.to_dict() if self.report is not None else {}
         data: dict[str, Any] = {
             "trace": self.trace,
             "config": self.config,
+            "config_source": self.config_source,
             "capacity": self.capacity,
             "error": self.error,
             "min_capacity_bytes": self.min_capacity_bytes,
             "name": self.name,
+            "recorded_device": self.recorded_device,
             "settings": report.get("config"),
         }
         data.update({key: report.get(key) for key in _REPORT_KEYS})
+        data["verdict"] = oom_verdict([self.report]) if self.report is not None else None
         return data
 
     def to_record(self) -> dict[str, Any]:
@@ -191,7 +206,8 @@ class SettingSummary:
     config : str
         The setting (``"defaults"``, a config string, or ``"recorded"``).
     traces : int
-        Traces replayed without error under this setting.
+        Traces replayed without error under this setting (each recorded device of a snapshot
+        counts as one).
     errors : int
         Combinations that failed.
     total_peak_reserved_bytes : int
@@ -266,8 +282,9 @@ class SweepResults(list[SweepResult]):
 
     Notes
     -----
-    The list holds one entry per combination, in the order trace, setting (``"recorded"``
-    first for a snapshot), capacity.
+    The list holds one entry per combination, in the order trace, recorded device (for a
+    snapshot: every device with allocation history), setting (``"recorded"`` first for a
+    snapshot), capacity.
     """
 
     def __init__(
@@ -331,7 +348,13 @@ class SweepResults(list[SweepResult]):
         first = self.capacities[0] if self.capacities else None
         return [r for r in self if r.capacity == first]
 
-    def best(self, trace: str) -> SweepResult | None:
+    def units(self) -> list[tuple[str, int | None]]:
+        """Return ``(trace, recorded_device)`` of every trace the rows replay, in order: a
+        snapshot's recorded devices each count (``recorded_device`` None: a JSONL trace, or a
+        file that could not be read)."""
+        return list(dict.fromkeys((r.trace, r.recorded_device) for r in self))
+
+    def best(self, trace: str, recorded_device: int | None = None) -> SweepResult | None:
         """Return the best setting's result for one trace, at the first capacity asked for.
 
         The best runs out of memory the fewest times, then needs the least capacity (with
@@ -342,13 +365,19 @@ class SweepResults(list[SweepResult]):
         ----------
         trace : str
             The trace as given to :func:`sweep`.
+        recorded_device : int, optional
+            A snapshot's recorded device (see :meth:`units`); default: the best row of any.
 
         Returns
         -------
         SweepResult or None
-            None when every combination of the trace failed.
+            None when every combination of the trace (and device) failed.
         """
-        rows = [r for r in self._first_capacity_rows() if r.trace == trace and r.report]
+        rows = [
+            r
+            for r in self._first_capacity_rows()
+            if r.trace == trace and r.report and recorded_device in (None, r.recorded_device)
+        ]
         if not rows:
             return None
         return min(rows, key=_row_key)
@@ -449,12 +478,6 @@ def _row_key(r: SweepResult) -> tuple[int, int, int, int]:
 
 
 @dataclass(frozen=True)
-class _Candidate:
-    label: str
-    config: AllocatorConfig | None  # None: the recording's settings
-
-
-@dataclass(frozen=True)
 class _Task:
     """One unit of work: some settings of one trace, replayed by one worker."""
 
@@ -462,7 +485,7 @@ class _Task:
     source: str
     include_host: bool
     device_index: int | None
-    candidates: tuple[_Candidate, ...]
+    candidates: tuple[Setting, ...]
     recorded: bool | None  # add the recording's settings: yes, no, or if the trace has one
     capacities: tuple[int | None, ...]
     find_capacity: bool
@@ -470,14 +493,20 @@ class _Task:
     planned: int
 
 
-def _config_label(value: Any, where: str) -> tuple[str, AllocatorConfig]:
-    if isinstance(value, str) and value.strip() == "defaults":
-        value = ""
+def _setting(value: Any, where: str, source: str) -> Setting:
+    """A setting to try, from a :class:`Setting` (as it is) or what ``AllocatorConfig.coerce``
+    takes (with ``source``); errors name ``where`` it was given."""
+    if isinstance(value, Setting):
+        if value.config is None:
+            raise ValueError(
+                f"a {where} without a config ({value!r}) would be each recording's own: "
+                "pass recorded=True instead"
+            )
+        return value
     try:
-        config = AllocatorConfig.coerce(value)
+        return Setting(AllocatorConfig.coerce(value), source)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{exc} (in {where} {_shown(value)})") from None
-    return config.describe(), config
 
 
 def _shown(value: Any) -> str:
@@ -532,20 +561,18 @@ def parse_grid(spec: str) -> tuple[str, list[str]]:
     return key, values
 
 
-def _candidates(
-    configs: Sequence[Any], grid: Sequence[tuple[str, Sequence[Any]]]
-) -> list[_Candidate]:
+def _candidates(configs: Sequence[Any], grid: Sequence[tuple[str, Sequence[Any]]]) -> list[Setting]:
     """The settings to try: every config, then every combination of the grid; no duplicates."""
-    out: list[_Candidate] = []
-    seen: set[AllocatorConfig] = set()
+    out: list[Setting] = []
+    seen: set[AllocatorConfig | None] = set()
 
-    def add(label: str, config: AllocatorConfig) -> None:
-        if config not in seen:
-            seen.add(config)
-            out.append(_Candidate(label, config))
+    def add(setting: Setting) -> None:
+        if setting.config not in seen:
+            seen.add(setting.config)
+            out.append(setting)
 
     for value in configs:
-        add(*_config_label(value, "setting"))
+        add(_setting(value, "setting", "configs"))
     checked: list[tuple[str, list[Any]]] = []
     for key, values in grid:
         if not isinstance(key, str) or not key.strip():
@@ -560,9 +587,9 @@ def _candidates(
     axes = [[(key, _grid_value(v)) for v in values] for key, values in checked]
     for combination in itertools.product(*axes) if axes else ():
         text = ",".join(f"{k}:{v}" for k, v in combination)
-        add(*_config_label(text, "grid setting"))
+        add(_setting(text, "grid setting", "grid"))
     if not out:
-        out.append(_Candidate("defaults", AllocatorConfig()))
+        out.append(Setting(AllocatorConfig(), "defaults"))
     return out
 
 
@@ -618,7 +645,7 @@ def _cpu_count() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _chunks(items: Sequence[_Candidate], k: int) -> list[tuple[_Candidate, ...]]:
+def _chunks(items: Sequence[Setting], k: int) -> list[tuple[Setting, ...]]:
     k = max(1, min(k, len(items)))
     size, extra = divmod(len(items), k)
     out, start = [], 0
@@ -654,8 +681,10 @@ def sweep(
     traces : str, path-like, or sequence of them
         accelrt JSONL traces or PyTorch snapshot pickles: local paths or fsspec URLs
         (``s3://...``, ``https://...``), read by the workers, so they must reach them.
-    configs : sequence of str, AllocatorConfig or mapping, or str, optional
-        Settings in ``ACCELRT_ALLOC_CONF`` syntax (``""`` or ``"defaults"``: the defaults).
+    configs : sequence of str, AllocatorConfig, mapping or Setting, or one of them, optional
+        Settings in ``ACCELRT_ALLOC_CONF`` syntax (``""`` or ``"defaults"``: the defaults); a
+        :class:`~accelrt.memory.Setting` also names where it came from (the rows'
+        ``config_source``; else ``"configs"``).
     grid : mapping of str to sequence, or sequence of (str, sequence), optional
         Every combination of these settings' values is tried too, e.g.
         ``{"max_split_size_mb": [128, 256], "expandable_segments": [True, False]}``. With
@@ -676,7 +705,8 @@ def sweep(
     include_host : bool
         JSONL traces: also replay events tagged ``"host": 1``.
     device_index : int, optional
-        Snapshots: the recorded device to replay (default: the only one with events).
+        Snapshots: only this recorded device (default: every device with allocation history,
+        each with rows of its own, ranked together with all other traces).
     recorded : bool
         Also replay each snapshot under its own recorded settings (setting ``"recorded"``).
     progress : callable, optional
@@ -687,7 +717,8 @@ def sweep(
     Returns
     -------
     SweepResults
-        One :class:`SweepResult` per combination, trace by trace, setting by setting.
+        One :class:`SweepResult` per combination, trace by trace (a snapshot recorded device
+        by recorded device), setting by setting.
 
     Raises
     ------
@@ -1043,7 +1074,7 @@ class _Cancelled(BaseException):
 
 
 _CANCELLED: set[str] = set()
-_CACHE: OrderedDict[tuple[str, str, bool, int | None], Trace] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, str, bool, int | None], list[Trace]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 2
 
@@ -1076,9 +1107,11 @@ def _error_text(shown: str, exc: BaseException, snapshot: bool) -> str:
     return _one_line(text)
 
 
-def _read(task: _Task) -> Trace:
-    """Load the task's trace (a path, or a URL copied to a temporary file first)."""
-    from .trace import load
+def _read(task: _Task) -> list[Trace]:
+    """Load the task's trace (a path, or a URL copied to a temporary file first): a snapshot's
+    every recorded device with allocation history, or the one ``device_index`` names."""
+    from .trace import load, read_snapshot
+    from .trace._snapshot import traces_from_snapshot
 
     source = task.source
     local = source.removeprefix("file://") if source.startswith("file://") else source
@@ -1096,13 +1129,17 @@ def _read(task: _Task) -> Trace:
         kind = _local_kind(local)
         index = task.device_index if kind == "pickle" else None  # snapshots only
         try:
-            trace = load(local, include_host=task.include_host, device_index=index)
+            if kind == "pickle" and index is None:
+                traces = traces_from_snapshot(read_snapshot(local), path=local)
+            else:
+                traces = [load(local, include_host=task.include_host, device_index=index)]
         except Exception as exc:
             raise _TraceError(
                 _error_text(source, exc, kind == "pickle").replace(local, source)
             ) from None
-        trace.path = source
-        return trace
+        for trace in traces:
+            trace.path = source
+        return traces
     except _TraceError:
         raise
     except ImportError:
@@ -1114,19 +1151,19 @@ def _read(task: _Task) -> Trace:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _load_cached(task: _Task) -> Trace:
+def _load_cached(task: _Task) -> list[Trace]:
     key = (task.sweep_id, task.source, task.include_host, task.device_index)
     with _CACHE_LOCK:
-        trace = _CACHE.get(key)
-        if trace is not None:
+        traces = _CACHE.get(key)
+        if traces is not None:
             _CACHE.move_to_end(key)
-            return trace
-    trace = _read(task)
+            return traces
+    traces = _read(task)
     with _CACHE_LOCK:
-        _CACHE[key] = trace
+        _CACHE[key] = traces
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    return trace
+    return traces
 
 
 def _forget(sweep_id: str) -> None:
@@ -1145,40 +1182,49 @@ def _run_task(task: _Task) -> list[SweepResult]:
             raise _Cancelled
 
     candidates = list(task.candidates)
+    recorded = Setting(None, RECORDED)
     try:
-        trace = _load_cached(task)
+        traces = _load_cached(task)
     except _TraceError as exc:
         if task.recorded:
-            candidates.insert(0, _Candidate(RECORDED, None))
+            candidates.insert(0, recorded)
         return [
-            SweepResult(task.source, c.label, cap, error=str(exc))
+            SweepResult(task.source, c.label, cap, error=str(exc), config_source=c.source)
             for c in candidates
             for cap in task.capacities
         ]
-    snapshot = trace.recording is not None
+    snapshot = traces[0].recording is not None
     if snapshot and task.recorded is not False:
-        candidates.insert(0, _Candidate(RECORDED, None))
+        candidates.insert(0, recorded)
     rows = []
-    for candidate in candidates:
-        config = candidate.config
-        needed = None
-        if task.find_capacity:
-            with contextlib.suppress(Exception):
-                needed = _min_capacity(trace, config, check)
-        for cap in task.capacities:
-            capacity = cap
-            header_capacity = "device_capacity_bytes" in trace.header
-            if cap is None and task.env_capacity is not None and not (snapshot or header_capacity):
-                capacity = task.env_capacity
-            try:
-                report = replay(
-                    trace, device="sim", capacity=capacity, config=config, progress=check
-                )
-            except Exception as exc:
-                error = _error_text(task.source, exc, snapshot)
-                rows.append(SweepResult(task.source, candidate.label, cap, error=error))
-                continue
-            rows.append(SweepResult(task.source, candidate.label, cap, report, None, needed))
+    for trace in traces:  # a snapshot's recorded devices, one after another
+        device = trace.recording.device if trace.recording is not None else None
+        # ACCELRT_SIM_CAPACITY where the caller is, unless the trace gives its own
+        own = snapshot or "device_capacity_bytes" in trace.header
+        default_capacity = None if own else task.env_capacity
+        for candidate in candidates:
+            config = candidate.config
+            needed = None
+            if task.find_capacity:
+                with contextlib.suppress(Exception):
+                    needed = _min_capacity(trace, config, check)
+            row = functools.partial(
+                SweepResult,
+                task.source,
+                candidate.label,
+                config_source=candidate.source,
+                recorded_device=device,
+            )
+            for cap in task.capacities:
+                capacity = default_capacity if cap is None else cap
+                try:
+                    report = replay(
+                        trace, device="sim", capacity=capacity, config=config, progress=check
+                    )
+                except Exception as exc:
+                    rows.append(row(cap, error=_error_text(task.source, exc, snapshot)))
+                    continue
+                rows.append(row(cap, report, min_capacity_bytes=needed))
     return rows
 
 
@@ -1250,28 +1296,30 @@ def print_results(results: SweepResults, console: Any) -> None:
     table.add_column("trace / setting", overflow="fold", min_width=24)
     if caps != [None]:
         table.add_column("capacity", justify="right", no_wrap=True)
-    for name in ("peak reserved", "frag.", "mallocs", "OOMs"):
+    for name in ("peak reserved", "frag.", "plan", "mallocs", "OOMs"):
         table.add_column(name, justify="right", no_wrap=True)
     if results.find_capacity:
         table.add_column("needs", justify="right", no_wrap=True)
     width = len(table.columns)
     errors = []
-    for trace in results.traces:
-        best = results.best(trace)
-        mine = [r for r in results if r.trace == trace]
-        name = mine[0].name if mine else trace
-        table.add_row(f"[bold]{escape(name)}[/bold]", *[""] * (width - 1))
+    for trace, device in results.units():  # a snapshot's recorded devices one by one
+        best = results.best(trace, device)
+        mine = [r for r in results if (r.trace, r.recorded_device) == (trace, device)]
+        table.add_row(f"[bold]{escape(mine[0].name)}[/bold]", *[""] * (width - 1))
         for i, r in enumerate(mine):
-            cells = [escape(f"  {r.config}{' *' if r is best else ''}")]
+            cells = [escape(f"  {setting_text(r.config, r.config_source)}")]
+            cells[0] += " *" if r is best else ""
             if caps != [None]:
                 cells.append(_capacity_text(r.capacity))
             if r.report is None:
-                cells += ["error", "", "", ""]
+                cells += ["error", "", "", "", ""]
                 errors.append(r.error or "")
             else:
+                plan = r.report.plan_peak_bytes  # what an offline plan needs (accelrt._bounds)
                 cells += [
                     format_bytes(r.report.peak_reserved_bytes),
                     f"{r.report.fragmentation:.4f}",
+                    "-" if plan is None else format_bytes(plan),
                     str(r.report.num_device_alloc),
                     str(r.report.num_ooms),
                 ]
@@ -1287,7 +1335,11 @@ def print_results(results: SweepResults, console: Any) -> None:
         console.print(f"error: {error}", markup=False, highlight=False)
 
     summary = results.summary()
-    fleet = Table(title=f"fleet summary: {len(results.traces)} traces, best first")
+    units, files = len(results.units()), len(results.traces)
+    plural = "s" if files > 1 else ""
+    counted = f" ({files} file{plural}: each recorded device counts)" if units != files else ""
+    fleet = Table(title=f"fleet summary: {units} traces{counted}, best first")
+    sources = {r.config: r.config_source for r in results}
     fleet.add_column("#", justify="right", no_wrap=True)
     fleet.add_column("setting", overflow="fold", min_width=24)
     for name in ("traces", "total peak", "mallocs"):
@@ -1300,7 +1352,7 @@ def print_results(results: SweepResults, console: Any) -> None:
     for s in summary:
         cells = [
             str(s.rank),
-            escape(s.config),
+            escape(setting_text(s.config, sources[s.config])),
             str(s.traces),
             format_bytes(s.total_peak_reserved_bytes),
             str(s.total_device_mallocs),
@@ -1381,21 +1433,22 @@ def render_png(results: SweepResults, path: str) -> None:
 
     rows = results._first_capacity_rows()
     configs = list(dict.fromkeys(r.config for r in rows))
-    traces = list(dict.fromkeys(r.trace for r in rows))
-    names = {r.trace: r.name for r in rows}
+    by_unit = {(r.trace, r.recorded_device, r.config): r for r in reversed(rows)}  # first wins
+    units = results.units()  # a snapshot's recorded devices one by one
+    names = {(r.trace, r.recorded_device): r.name for r in rows}
     width = 0.8 / max(1, len(configs))
-    fig = Figure(figsize=(max(6.0, 0.6 * len(traces) * max(1, len(configs)) ** 0.5 + 3), 5))
+    fig = Figure(figsize=(max(6.0, 0.6 * len(units) * max(1, len(configs)) ** 0.5 + 3), 5))
     ax = fig.add_subplot()
     for j, config in enumerate(configs):
         values = []
-        for trace in traces:
-            row = next((r for r in rows if r.trace == trace and r.config == config), None)
+        for trace, device in units:
+            row = by_unit.get((trace, device, config))
             peak = row.peak_reserved_bytes if row is not None else None
             values.append((peak or 0) / 2**30)
-        xs = [i + (j - (len(configs) - 1) / 2) * width for i in range(len(traces))]
+        xs = [i + (j - (len(configs) - 1) / 2) * width for i in range(len(units))]
         ax.bar(xs, values, width, label=config)
-    ax.set_xticks(range(len(traces)))
-    ax.set_xticklabels([names[t] for t in traces], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(range(len(units)))
+    ax.set_xticklabels([names.get(u, u[0]) for u in units], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("peak reserved (GiB)")
     ax.set_title("accelrt sweep: peak reserved per setting")
     ax.legend(fontsize=7)

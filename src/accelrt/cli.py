@@ -1,7 +1,15 @@
-"""The ``accelrt`` command: ``info``, ``replay``, ``snapshot summary|segments|view``, ``sweep``.
+"""The ``accelrt`` command: ``info``, ``replay``, ``snapshot summary|segments|view|diff``,
+``sweep``.
 
 Every error in the input (a missing or malformed file, a bad option) is one line on stderr and
 exit status 2; an interrupt (Ctrl-C) is one line and exit status 130.
+
+The setting a command replays under is ``--config`` (the same syntax everywhere, ``defaults``
+included), else the environment (``ACCELRT_ALLOC_CONF``, else PyTorch's ``PYTORCH_ALLOC_CONF``,
+else ``PYTORCH_CUDA_ALLOC_CONF``: the first set), else a snapshot's recorded settings or, for a
+JSONL trace, the defaults; every output says which (``Setting.source``). A snapshot is read for
+every recorded device with allocation history (a section each and a total), unless
+``--device-index`` names one.
 """
 
 from __future__ import annotations
@@ -14,10 +22,18 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from ._gc import collector_paused
 from ._units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from .memory._config import Setting
+    from .replay import ReplayReport
+    from .trace import Trace
+    from .trace._plain_pickle import ByteProgress
+    from .view import View
 
 __all__ = ["main"]
 
@@ -103,41 +119,64 @@ def _capacity_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _config_arg(text: str) -> str:
-    """A ``--config``: accelrt's syntax, or a real PYTORCH_CUDA_ALLOC_CONF string verbatim
-    (keys the allocator's policy does not depend on are set aside by :func:`_modelled`)."""
-    from .memory._config import AllocatorConfig
-
-    try:
-        AllocatorConfig.parse_torch(text)
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (in {_shown(text)})") from None
-    return text
-
-
-def _modelled(text: str) -> str:
-    """``text`` without the PyTorch keys accelrt does not model, saying on stderr which went."""
-    from .memory._config import AllocatorConfig
+def _parsed_setting(text: str, source: str) -> Setting:
+    """A setting string (accelrt's syntax, ``defaults``, or a real PYTORCH_CUDA_ALLOC_CONF string
+    verbatim: keys the allocator's policy does not depend on are set aside) read once."""
+    from .memory._config import AllocatorConfig, Setting
 
     config, ignored = AllocatorConfig.parse_torch(text)
-    if not ignored:
-        return text
-    print(
-        f"accelrt: ignored in {_shown(text)}: {', '.join(ignored)} (the device allocator's "
-        "policy does not depend on them)",
-        file=sys.stderr,
-    )
-    return config.describe() if config.describe() != "defaults" else ""
+    return Setting(config, source, tuple(ignored))
 
 
-def _default_config() -> str:
-    """``ACCELRT_ALLOC_CONF`` (checked; the CLI error names the variable), else the defaults."""
-    text = os.environ.get("ACCELRT_ALLOC_CONF", "")
+def _config_arg(text: str) -> Setting:
+    """A ``--config``, the same in every command; see :func:`_parsed_setting`."""
     try:
-        _config_arg(text)
-    except argparse.ArgumentTypeError as exc:
-        raise CliError(f"ACCELRT_ALLOC_CONF: {exc}") from None
-    return text
+        return _parsed_setting(text, "--config")
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (in {_shown(text)})") from None
+
+
+def _env_setting() -> Setting | None:
+    """The setting of the first of ``ENV_VARS`` set and not empty (ACCELRT_ALLOC_CONF, then
+    PyTorch's PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF, in PyTorch's order), else None.
+
+    Raises
+    ------
+    CliError
+        For a variable set to a bad setting; the message names the variable.
+    """
+    from .memory._config import ENV_VARS
+
+    for var in ENV_VARS:
+        text = os.environ.get(var, "")
+        if text.strip():
+            try:
+                return _parsed_setting(text, f"environment {var}")
+            except (TypeError, ValueError) as exc:
+                raise CliError(f"{var}: {exc} (in {_shown(text)}); fix or unset it") from None
+    return None
+
+
+def _settings(given: Sequence[Setting] | None, *, recording: bool) -> list[Setting]:
+    """The settings to replay under: ``--config`` (each one given), else the environment
+    (:func:`_env_setting`), else a recording's own settings (``recording``) or the defaults."""
+    from .memory._config import RECORDED, AllocatorConfig, Setting
+
+    if given:
+        return list(given)
+    default = Setting(None, RECORDED) if recording else Setting(AllocatorConfig(), "defaults")
+    return [_env_setting() or default]
+
+
+def _note_ignored(settings: Sequence[Setting]) -> None:
+    """Say on stderr, once per setting, which PyTorch keys it set aside (not modelled)."""
+    for setting in dict.fromkeys(settings):
+        if setting.ignored:
+            print(
+                f"accelrt: ignored in {setting.source}: {', '.join(setting.ignored)} (the "
+                "device allocator's policy does not depend on them)",
+                file=sys.stderr,
+            )
 
 
 def _output_arg(option: str) -> Callable[[str], str]:
@@ -357,9 +396,10 @@ def _check_device(device: str, capacity: int | None) -> None:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .replay import ReplayReport, replay
+    from ._verdict import oom_verdict
     from .trace import load
     from .trace._format import sniff
+    from .trace._snapshot import snapshot_name
     from .view import picture_moments
 
     _input_file(args.trace, "an accelrt trace (.jsonl.gz) or a PyTorch snapshot pickle")
@@ -369,91 +409,238 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.device is not None:
         _check_device(args.device, args.capacity)
     # a malformed snapshot shows as one line naming the file (load checks a JSONL trace itself)
-    snapshot = args.trace if sniff(args.trace) == "pickle" else None
-    if snapshot is not None:
-        trace = _snapshot_trace(args.trace, args.device_index)
+    snapshot: dict[str, Any] | None = None
+    if sniff(args.trace) == "pickle":
+        snapshot = _read_snapshot_file(args.trace)
+        traces = _snapshot_traces(args.trace, snapshot, args.device_index)
     else:
-        trace = load(args.trace, include_host=args.include_host, device_index=args.device_index)
+        traces = [load(args.trace, include_host=args.include_host, device_index=args.device_index)]
+    recording = traces[0].recording is not None
     # a PyTorch recording replays on the simulated device with its recorded settings
-    device = args.device or ("sim" if trace.recording is not None else _default_device())
+    device = args.device or ("sim" if recording else _default_device())
     if args.device is None:
         _check_device(device, args.capacity)
-    # a recording replays with its own settings unless told; a trace with ACCELRT_ALLOC_CONF's
-    configs: list[str | None] = [_modelled(c) for c in args.config or ()] or [
-        None if trace.recording else _modelled(_default_config())
-    ]
-    reports: list[ReplayReport] = []
+    settings = _settings(args.config, recording=recording)
+    _note_ignored(settings)
     show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
-    pictures = bool(getattr(args, "html", None) or getattr(args, "png", None))
-    for config in configs:
-        # the first setting's replay also captures what the pictures draw
-        capture = picture_moments(trace) if pictures and not reports else ()
-        run = functools.partial(
-            _malformed_snapshot_guard,
-            snapshot,
-            replay,
-            trace,
-            device=device,
-            capacity=args.capacity,
-            config=config,
-            capture_at=capture,
-        )
-        if show_progress and len(trace.events) > 50_000:
-            from rich.progress import Progress
+    pictures = bool(args.html or args.png)
+    guarded = args.trace if snapshot is not None else None  # a snapshot's errors name it
+    from ._start_state import StartStateError
 
-            with Progress(transient=True) as bar:
-                task = bar.add_task(f"replaying {trace.name}", total=len(trace.events))
-
-                def advance(done: int, _total: int, task: Any = task) -> None:
-                    bar.update(task, completed=done)
-
-                reports.append(run(progress=advance))
-        else:
-            reports.append(run())
+    runs: list[list[ReplayReport | None]] = []  # device by device, setting by setting
+    failed: set[int] = set()  # settings that cannot hold a recording's start: dropped
+    for trace in traces:
+        runs.append([])
+        for k, setting in enumerate(settings):
+            # the first setting's replay also captures what the pictures draw
+            capture = picture_moments(trace) if pictures and not any(runs[-1]) else ()
+            try:
+                report = _malformed_snapshot_guard(
+                    guarded,
+                    _replay_shown,
+                    trace,
+                    show_progress,
+                    device=device,
+                    capacity=args.capacity,
+                    config=setting.config,
+                    capture_at=capture,
+                    start=args.start,
+                )
+            except StartStateError as exc:  # one line; the other settings are still reported
+                print(f"error: {_one_line(f'{trace.name}: {exc}')}", file=sys.stderr)
+                failed.add(k)
+                report = None
+            runs[-1].append(report)
+    kept = [k for k in range(len(settings)) if k not in failed]
+    if not kept:
+        return 2
+    settings = [settings[k] for k in kept]
+    done = [[_replayed(run[k]) for k in kept] for run in runs]
     if pictures:
-        _write_pictures(args, trace, reports[0])
+        views = [
+            _malformed_snapshot_guard(guarded, _view, snapshot, t, r[0])
+            for t, r in zip(traces, done, strict=True)
+        ]
+        devices = [_recorded_device(t) for t in traces]
+        title = snapshot_name(args.trace)
+        _write_views(views, devices, args.html, args.png, title=title, stream=sys.stderr)
     if args.json:
-        out = [r.to_dict() for r in reports]
-        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
-        return 0
-    _print_reports(trace.name, trace.skipped_host_events, reports)
-    return 0
+        print(json.dumps(_replay_json(args.trace, traces, settings, done), indent=2))
+        return 2 if failed else 0
+    for n, (trace, reports) in enumerate(zip(traces, done, strict=True)):
+        if n:
+            print()
+        _print_reports(trace.name, trace.skipped_host_events, reports, [s.source for s in settings])
+        verdict = oom_verdict(reports) or _interaction_warning(reports)
+        if verdict is not None:
+            print(verdict)
+    if len(traces) > 1:
+        print()
+        _print_totals(snapshot_name(args.trace), traces, settings, done)
+    return 2 if failed else 0
 
 
-def _snapshot_trace(path: str, device_index: int | None) -> Any:
-    """The trace of a snapshot pickle's recorded device (``--device-index``, default 0)."""
-    from .trace._snapshot import trace_from_snapshot
-
-    data = _read_snapshot_file(path)
-    device = _snapshot_device(path, data, device_index)
-    return _malformed_snapshot_guard(path, trace_from_snapshot, data, device=device, path=path)
+def _replayed(report: ReplayReport | None) -> ReplayReport:
+    """A kept setting's report (a setting is dropped for every device if one fails)."""
+    assert report is not None
+    return report
 
 
-def _snapshot_history(path: str, trace: Any) -> tuple[Any, list[dict[str, Any]]]:
-    """A snapshot trace's recorded entries and end segments (stacks, times, OOMs)."""
-    if getattr(trace, "recording", None) is None:
-        return None, []
-    from .trace._snapshot_schema import read_snapshot
+def _replay_shown(trace: Trace, show_progress: bool, **kw: Any) -> ReplayReport:
+    """:func:`accelrt.replay.replay` of ``trace``, with a progress bar on stderr when asked for
+    and the trace is long (more than 50,000 events)."""
+    from .replay import replay
 
-    snapshot = read_snapshot(path)
+    if not show_progress or len(trace.events) <= 50_000:
+        return replay(trace, **kw)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"replaying {trace.name}", total=len(trace.events))
+        return replay(trace, progress=lambda done, _total: bar.update(task, completed=done), **kw)
+
+
+def _interaction_warning(reports: Sequence[ReplayReport]) -> str | None:
+    """``warning: ...`` where a setting tried combines options known to interact (the OOM
+    verdict says it too)."""
+    from ._verdict import interaction_warning
+
+    warning = interaction_warning(r.config for r in reports)
+    return None if warning is None else f"warning: {warning}"
+
+
+def _bytes_or_dash(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _recorded_device(trace: Trace) -> int | None:
+    return trace.recording.device if trace.recording is not None else None
+
+
+def _report_dict(report: ReplayReport, setting: Setting, trace: Trace) -> dict[str, Any]:
+    """``report.to_dict()`` with ``recorded_device`` after ``trace`` and ``config_source``
+    (where the setting came from) after ``config``."""
+    extra: dict[str, dict[str, Any]] = {
+        "trace": {"recorded_device": _recorded_device(trace)},
+        "config": {"config_source": setting.source},
+    }
+    data: dict[str, Any] = {}
+    for key, value in report.to_dict().items():
+        data[key] = value
+        data.update(extra.get(key, {}))
+    return data
+
+
+def _totals(
+    settings: Sequence[Setting], runs: Sequence[Sequence[ReplayReport]]
+) -> list[dict[str, Any]]:
+    """Per setting, the peaks summed over the devices (``runs``: reports device by device)."""
+    totals = []
+    for i, setting in enumerate(settings):
+        reports = [r[i] for r in runs]
+        recorded = [r.recorded_peak_reserved_bytes for r in reports]
+        totals.append(
+            {
+                "config": setting.label,
+                "config_source": setting.source,
+                "devices": len(reports),
+                "peak_requested_bytes": sum(r.peak_requested_bytes for r in reports),
+                "peak_reserved_bytes": sum(r.peak_reserved_bytes for r in reports),
+                "recorded_peak_reserved_bytes": (
+                    None if None in recorded else sum(x or 0 for x in recorded)
+                ),
+            }
+        )
+    return totals
+
+
+def _replay_json(
+    path: str,
+    traces: Sequence[Trace],
+    settings: Sequence[Setting],
+    runs: Sequence[Sequence[ReplayReport]],
+) -> Any:
+    """What ``replay --json`` prints: one trace's report (a list of them with several settings);
+    for several recorded devices, ``{"trace", "recorded_devices", "reports", "totals"}``. Each
+    report has the OOM ``verdict`` on its trace's replays (None where nothing ran out)."""
+    from ._verdict import oom_verdict
+    from .trace._snapshot import snapshot_name
+
+    reports = []
+    for t, run in zip(traces, runs, strict=True):
+        verdict = oom_verdict(run)  # over the settings replayed together
+        pairs = zip(run, settings, strict=True)
+        reports += [{**_report_dict(r, s, t), "verdict": verdict} for r, s in pairs]
+    if len(traces) == 1:
+        return reports[0] if len(reports) == 1 else reports
+    return {
+        "trace": snapshot_name(path),
+        "recorded_devices": [_recorded_device(t) for t in traces],
+        "reports": reports,
+        "totals": _totals(settings, runs),
+    }
+
+
+def _snapshot_traces(path: str, snapshot: dict[str, Any], index: int | None) -> list[Trace]:
+    """The trace of every recorded device of a snapshot with allocation history, or of the one
+    ``--device-index`` names (checked: :func:`_check_device_index`)."""
+    from .trace._snapshot import trace_from_snapshot, traces_from_snapshot
+
+    _check_device_index(path, snapshot, index)
+    if index is None:
+        return _malformed_snapshot_guard(path, traces_from_snapshot, snapshot, path=path)
+    return [_malformed_snapshot_guard(path, trace_from_snapshot, snapshot, device=index, path=path)]
+
+
+def _view(snapshot: dict[str, Any] | None, trace: Trace, report: ReplayReport | None) -> View:
+    """The picture of ``trace`` and its replay; a snapshot's device's with its recorded stacks,
+    times and OOMs (``device_traces[N]``) and end segments."""
+    from .view import view_of_trace
+
+    if snapshot is None or trace.recording is None:
+        return view_of_trace(trace, report)
     device = trace.recording.device
-    segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
-    return (snapshot.get("device_traces") or [])[device], segments
-
-
-def _write_pictures(args: argparse.Namespace, trace: Any, report: Any) -> None:
-    from .view import render_html, view_of_trace
-
-    entries, segments = _malformed_snapshot_guard(
-        args.trace if trace.recording is not None else None, _snapshot_history, args.trace, trace
+    return view_of_trace(
+        trace,
+        report,
+        entries=snapshot["device_traces"][device],
+        end_segments=[s for s in snapshot["segments"] if s.get("device", 0) == device],
     )
-    view = view_of_trace(trace, report, entries=entries, end_segments=segments)
-    if args.html:
-        _write_text(args.html, render_html(view))
-        print(f"wrote {args.html}", file=sys.stderr)
-    if args.png:
-        _write_png(view, args.png)
-        print(f"wrote {args.png}", file=sys.stderr)
+
+
+def _numbered(path: str, device: int) -> str:
+    """``out.png`` as ``out_dev1.png``: a file per recorded device."""
+    root, ext = os.path.splitext(path)
+    return f"{root}_dev{device}{ext}"
+
+
+def _write_views(
+    views: Sequence[View],
+    devices: Sequence[int | None],
+    html_path: str | None,
+    png_path: str | None,
+    *,
+    title: str,
+    stream: Any,
+) -> None:
+    """Write the pictures, one per recorded device: one HTML file (headed ``title``) with a
+    section each, and a PNG each (``out_devN.png`` when there are several); say what was
+    written on ``stream``."""
+    from .view import render_html, render_pages
+
+    several = len(views) > 1
+    written = []
+    if html_path:
+        page = render_pages(views, title) if several else render_html(views[0])
+        _write_text(html_path, page)
+        shown = f"devices {', '.join(str(d) for d in devices)}; " if several else ""
+        written.append(f"{html_path} ({shown}{len(page.encode()) / 1e6:.1f} MB)")
+    if png_path:
+        for view, device in zip(views, devices, strict=True):
+            name = _numbered(png_path, device) if several and device is not None else png_path
+            _write_png(view, name)
+            written.append(name)
+    print("wrote " + ", ".join(written), file=stream)
 
 
 _SHORT_KEYS = {
@@ -540,7 +727,46 @@ def _short_setting(config: str) -> str:
     return ", ".join(shown) or config
 
 
-def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None:
+def _start_range(report: ReplayReport) -> str:
+    """The table cell for a report's start-state range: low-high, "exact" or "-"."""
+    low, high = report.peak_reserved_low_bytes, report.peak_reserved_high_bytes
+    if low is None or high is None:
+        return "exact" if report.start_state != "empty" else "-"
+    return f"{format_bytes(low)}-{format_bytes(high)}"
+
+
+def _midrun_banner(reports: Sequence[ReplayReport]) -> str:
+    """What a user must know when a recording started mid-run (empty if it did not)."""
+    if all(r.start_state == "empty" for r in reports):
+        return ""
+    before = reports[0].reserved_before_recording_bytes
+    lines = [
+        f"The recording started mid-run: {before} bytes ({format_bytes(before)}) were reserved "
+        "before its first event."
+    ]
+    for r in reports:
+        line = f"  [{r.config}] start state {r.describe_start()}"
+        low, high = r.peak_reserved_low_bytes, r.peak_reserved_high_bytes
+        if low is not None and high is not None:
+            spread = high / low - 1 if low else 0.0
+            line += (
+                f"; peak reserved {low}-{high} bytes depending on what the unrecorded part held "
+                f"(spread {spread:.1%})"
+            )
+        lines.append(line)
+    if any(r.start_state == "modelled" for r in reports):
+        lines.append(
+            "  Modelled starts are estimates (docs/snapshot-replay.md gives the measured "
+            "errors); --start recorded keeps the recorded layout under every setting."
+        )
+    return "\n".join(lines)
+
+
+def _print_reports(
+    name: str, skipped_host: int, reports: Sequence[Any], sources: Sequence[str]
+) -> None:
+    """Print one trace's replays, a column per setting; ``sources`` says where each setting
+    came from (``Setting.source``: ``--config``, ``environment VAR``, ``recorded``...)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -564,6 +790,9 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
         f"({format_bytes(first.trace_peak_live_bytes)})",
         soft_wrap=True,
     )
+    banner = _midrun_banner(reports)
+    if banner:
+        console.print(banner, soft_wrap=True, markup=False)
     table = Table()
     table.add_column("", style="bold")
     for r in reports:
@@ -573,6 +802,9 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
         ("peak allocated", lambda r: format_bytes(r.peak_allocated_bytes)),
         ("peak reserved", lambda r: format_bytes(r.peak_reserved_bytes)),
         ("fragmentation", lambda r: f"{r.fragmentation:.4f}"),
+        ("live floor", lambda r: _bytes_or_dash(r.floor_live_bytes)),  # accelrt._bounds
+        ("rounded floor", lambda r: _bytes_or_dash(r.floor_rounded_bytes)),
+        ("offline plan", lambda r: _bytes_or_dash(r.plan_peak_bytes)),
         ("device mallocs", lambda r: str(r.num_device_alloc)),
         ("device frees", lambda r: str(r.num_device_free)),
         ("alloc retries", lambda r: str(r.num_alloc_retries)),
@@ -580,8 +812,11 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
         ("wall seconds", lambda r: f"{r.wall_seconds:.3f}"),
         ("events/second", lambda r: f"{r.events_per_second:,.0f}"),
     ]
+    if any(r.start_state != "empty" for r in reports):  # a recording begun mid-run
+        rows.insert(3, ("start-state range", _start_range))
     for label, cell in rows:
         table.add_row(label, *(cell(r) for r in reports))
+    table.add_row("setting from", *sources)
     console.print(table)
     shortened = {_short_setting(r.config): r.config for r in reports}
     if any(short != full for short, full in shortened.items()):
@@ -616,11 +851,53 @@ def _print_reports(name: str, skipped_host: int, reports: Sequence[Any]) -> None
             )
         for note in r.notes:
             console.print(f"  note: {note}", soft_wrap=True, markup=False)
+    from ._verdict import fragmentation_summary
+
+    summary = fragmentation_summary(reports)
+    if summary is not None:
+        console.print(summary, soft_wrap=True, markup=False)
 
 
-def _sweep_config_arg(text: str) -> str:
-    """``--config`` of ``accelrt sweep``: as ``replay``'s, and ``defaults`` names the defaults."""
-    return "" if text.strip() == "defaults" else _config_arg(text)
+def _print_totals(
+    name: str,
+    traces: Sequence[Trace],
+    settings: Sequence[Setting],
+    runs: Sequence[Sequence[ReplayReport]],
+) -> None:
+    """Print the peaks of every recorded device, a row each and their total, a column pair
+    (peak requested, peak reserved) per setting; then each total in bytes."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .memory._config import setting_text
+
+    console = Console() if sys.stdout.isatty() else Console(width=100_000)
+    console.print(f"[bold]{escape(name)}[/bold]: {len(traces)} recorded devices", soft_wrap=True)
+    table = Table()
+    table.add_column("device", style="bold")
+    for setting in settings:
+        head = escape(_short_setting(setting.label))
+        table.add_column(f"{head}\npeak requested", justify="right", overflow="fold")
+        table.add_column(f"{head}\npeak reserved", justify="right", overflow="fold")
+    for trace, reports in zip(traces, runs, strict=True):
+        cells = [(r.peak_requested_bytes, r.peak_reserved_bytes) for r in reports]
+        table.add_row(escape(trace.name), *(format_bytes(x) for pair in cells for x in pair))
+    totals = _totals(settings, runs)
+    pairs = [(t["peak_requested_bytes"], t["peak_reserved_bytes"]) for t in totals]
+    table.add_row("total", *(format_bytes(x) for pair in pairs for x in pair), style="bold")
+    console.print(table)
+    for total in totals:
+        shown = setting_text(total["config"], total["config_source"])
+        requested, reserved = total["peak_requested_bytes"], total["peak_reserved_bytes"]
+        recorded = total["recorded_peak_reserved_bytes"]
+        console.print(
+            f"[{shown}] total of {total['devices']} devices: peak requested {requested} bytes, "
+            f"peak reserved {reserved} bytes"
+            + ("" if recorded is None else f"; PyTorch recorded {recorded} bytes"),
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 def _grid_arg(text: str) -> tuple[str, list[str]]:
@@ -687,9 +964,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
+        # --config, else (without --grid) the environment's setting, else the defaults
+        settings = args.config or ([] if args.grid else [s for s in [_env_setting()] if s])
+        _note_ignored(settings)
         results = sweep(
             args.trace,
-            [_modelled(c) for c in args.config or []],
+            settings,
             grid=args.grid or [],
             capacities=args.capacity or None,
             find_capacity=args.find_capacity,
@@ -726,8 +1006,10 @@ def _add_sweep_parser(sub: Any) -> None:
     swp.add_argument(
         "--config",
         action="append",
-        type=_sweep_config_arg,
-        help="a setting in ACCELRT_ALLOC_CONF syntax ('defaults': the defaults); repeat",
+        type=_config_arg,
+        help="a setting in ACCELRT_ALLOC_CONF syntax ('defaults': the defaults); repeat "
+        "(default: ACCELRT_ALLOC_CONF, PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF, else the "
+        "defaults; snapshots also under their recorded settings)",
     )
     swp.add_argument(
         "--grid",
@@ -759,9 +1041,7 @@ def _add_sweep_parser(sub: Any) -> None:
     swp.add_argument(
         "--include-host", action="store_true", help="also replay events tagged host (CPU-only)"
     )
-    swp.add_argument(
-        "--device-index", type=_index_arg, help="snapshots: the recorded device to replay"
-    )
+    swp.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
     out = swp.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--csv", type=_output_arg("--csv"), help="also write the results as CSV")
@@ -807,8 +1087,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         action="append",
         type=_config_arg,
-        help="allocator settings in ACCELRT_ALLOC_CONF syntax, e.g. max_split_size_mb:128; "
-        "repeat to compare settings",
+        help="allocator settings in ACCELRT_ALLOC_CONF syntax, e.g. max_split_size_mb:128 "
+        "('defaults': the defaults); repeat to compare settings (default: ACCELRT_ALLOC_CONF, "
+        "PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF, else a snapshot's recorded settings or "
+        "the defaults)",
     )
     rep.add_argument(
         "--include-host", action="store_true", help="also replay events tagged host (CPU-only)"
@@ -816,6 +1098,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print the report as JSON")
     rep.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     rep.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
+    rep.add_argument(
+        "--start",
+        choices=("modelled", "recorded"),
+        default="modelled",
+        help="for a recording that began mid-run, replayed with another setting than the "
+        "recorded one: rebuild its start state under that setting (modelled, the default) or "
+        "keep the recorded segments and blocks (recorded); docs/snapshot-replay.md",
+    )
     rep.add_argument(
         "--html",
         type=_output_arg("--html"),
@@ -840,6 +1130,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = snap_sub.add_parser(name, help=text)
         cmd.add_argument("file", help="a snapshot pickle (read as plain data; nothing in it runs)")
         cmd.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
+        cmd.add_argument("--no-progress", action="store_true", help="never show a progress bar")
         if name == "view":
             cmd.add_argument(
                 "-o",
@@ -865,7 +1156,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         action="append",
         type=_config_arg,
-        help="allocator settings for A, then for B (default: each run's recorded settings)",
+        help="allocator settings for A, then for B ('defaults': the defaults; default: as "
+        "replay's)",
     )
     diff.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
     diff.set_defaults(func=_cmd_snapshot_diff)
@@ -876,8 +1168,40 @@ def build_parser() -> argparse.ArgumentParser:
 _SNAPSHOT = "a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot)"
 
 
-def _read_snapshot_file(path: str) -> dict[str, Any]:
-    """Read a snapshot pickle, first telling the user plainly when the file is something else."""
+_PROGRESS_BYTES = 8 << 20
+"""Files from this size on show a progress bar while they are read (where one is shown)."""
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    """Whether a command shows progress bars: on a terminal (stderr), unless told not to."""
+    return not getattr(args, "json", False) and not args.no_progress and sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def _reading_progress(path: str, show: bool) -> Iterator[ByteProgress | None]:
+    """A progress bar over the bytes of ``path`` on stderr (read, checked, decoded), if ``show``
+    and the file is large; yields what ``read_snapshot(progress=...)`` takes, else None."""
+    if not show or os.path.getsize(path) < _PROGRESS_BYTES:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    name = os.path.basename(path)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+    stderr = Console(stderr=True)
+    with Progress(*columns, TimeRemainingColumn(), console=stderr, transient=True) as bar:
+        task = bar.add_task(f"reading {name}", total=os.path.getsize(path))
+
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=f"{phase} {name}", completed=done, total=total)
+
+        yield progress
+
+
+def _read_snapshot_file(path: str, *, progress: bool = False) -> dict[str, Any]:
+    """Read a snapshot pickle, first telling the user plainly when the file is something else;
+    with ``progress``, show a progress bar over its bytes (:func:`_reading_progress`)."""
     from .trace._format import sniff
     from .trace._snapshot_schema import read_snapshot
 
@@ -897,7 +1221,8 @@ def _read_snapshot_file(path: str) -> dict[str, Any]:
             f"{path} is not a snapshot pickle (a pickle of protocol 2 or later, starting with "
             f"byte 0x80) nor a JSONL trace; give {_SNAPSHOT}"
         )
-    return _malformed_snapshot_guard(path, read_snapshot, path)
+    with _reading_progress(path, progress) as report:
+        return _malformed_snapshot_guard(path, read_snapshot, path, progress=report)
 
 
 def _malformed_snapshot_guard(
@@ -917,153 +1242,246 @@ def _malformed_snapshot_guard(
             f"{source}: not a well-formed memory snapshot ({type(exc).__name__}: {what})"
         ) from None
     except ValueError as exc:  # e.g. recorded settings out of range: say which file
+        from ._start_state import StartStateError
+
+        if isinstance(exc, StartStateError):  # names the setting; the caller goes on
+            raise
         if str(exc).startswith(source):
             raise
         raise CliError(f"{source}: {exc}") from None
 
 
-def _snapshot_devices(snapshot: dict[str, Any]) -> int:
-    """How many devices a snapshot knows of: its device_traces and its segments' devices."""
-    devices = [s.get("device", 0) for s in snapshot["segments"] if isinstance(s, dict)]
-    known = [d for d in devices if isinstance(d, int) and not isinstance(d, bool)]
-    return max(len(snapshot.get("device_traces") or []), max(known, default=0) + 1, 1)
+_DEVICE_INDEX_HELP = (
+    "snapshots: only the recorded device N, of device_traces[N] (default: every recorded device)"
+)
+"""The help of ``--device-index``, the same in ``replay``, ``sweep`` and every ``snapshot``
+command."""
 
 
-_DEVICE_INDEX_HELP = "snapshots: the recorded device to read, N of device_traces[N] (default: 0)"
-"""The help of ``--device-index``, the same in ``replay`` and every ``snapshot`` command."""
-
-
-def _snapshot_device(
+def _check_device_index(
     path: str, snapshot: dict[str, Any], index: int | None, *, history: bool = True
-) -> int:
-    """The recorded device that ``--device-index`` names (default 0), checked the same way for
-    every command: in range, and (``history``) with allocation history when another device has
-    some."""
-    device = 0 if index is None else index
-    count = _malformed_snapshot_guard(path, _snapshot_devices, snapshot)
-    if device >= count:
-        raise CliError(
-            f"--device-index {device} is out of range [0, {count}) for {path}; choose a device "
-            "the snapshot recorded"
-        )
-    if history:
-        from .trace._snapshot import devices_with_history
+) -> None:
+    """Refuse a ``--device-index`` the same way in every command: a device the snapshot does not
+    have (the message names those it has) or, where ``history`` matters and another device has
+    some, one without allocation history."""
+    from .trace._snapshot import devices_text, devices_with_history, snapshot_devices
 
-        recorded = devices_with_history(snapshot)
-        if recorded and device not in recorded:
-            raise CliError(
-                f"device {device} of {path} recorded no allocation history; devices {recorded} "
-                f"did: choose one with --device-index {recorded[0]}"
-            )
-    return device
+    if index is None:
+        return
+    present = _malformed_snapshot_guard(path, snapshot_devices, snapshot)
+    if index not in present:
+        raise CliError(
+            f"--device-index {index} is out of range for {path}: it has devices "
+            f"{devices_text(present)}; choose one of them, or leave --device-index out for all"
+        )
+    recorded = devices_with_history(snapshot) if history else []
+    if recorded and index not in recorded:
+        raise CliError(
+            f"device {index} of {path} recorded no allocation history; devices "
+            f"{devices_text(recorded)} did: choose one with --device-index {recorded[0]}"
+        )
 
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
     from .memory._summary import format_summary
     from .replay import replay
-    from .trace._snapshot import trace_from_snapshot
+    from .trace._snapshot import devices_with_history
+    from .view import forensics_text
 
-    snapshot = _read_snapshot_file(args.file)
-    device_index = _snapshot_device(args.file, snapshot, args.device_index)
-    trace = _malformed_snapshot_guard(
-        args.file, trace_from_snapshot, snapshot, device=device_index, path=args.file
-    )
-    report = _malformed_snapshot_guard(args.file, replay, trace, capture_at=[len(trace.events) - 1])
-    device = trace.recording.device if trace.recording is not None else 0
-    name = f"{trace.name} (recorded device {device})"
-    print(format_summary(report.memory_stats, name), end="")
-    print(
-        "Figures from replaying the recorded history from its rewound start state; PyTorch "
-        f"recorded a peak reserved of {report.recorded_peak_reserved_bytes} bytes "
-        f"(replay: {report.peak_reserved_bytes})."
-    )
-    print()
-    print(_malformed_snapshot_guard(args.file, _forensics, args.file, trace, report), end="")
+    snapshot = _read_snapshot_file(args.file, progress=_show_progress(args))
+    if not devices_with_history(snapshot):  # the end state only: say what it holds
+        _check_device_index(args.file, snapshot, args.device_index)
+        text = _malformed_snapshot_guard(
+            args.file, _end_state_summary, args.file, snapshot, args.device_index
+        )
+        print(text, end="")
+        return 0
+    traces = _snapshot_traces(args.file, snapshot, args.device_index)
+    width = max(60, min(160, shutil.get_terminal_size().columns))
+    reports = []
+    for n, trace in enumerate(traces):
+        report = _malformed_snapshot_guard(
+            args.file, replay, trace, capture_at=[len(trace.events) - 1]
+        )
+        reports.append(report)
+        name = f"{trace.name} (recorded device {_recorded_device(trace)})"
+        print(("\n" if n else "") + format_summary(report.memory_stats, name), end="")
+        print(
+            "Figures from replaying the recorded history from its rewound start state under "
+            f"its recorded settings ({report.config}); PyTorch recorded a peak reserved of "
+            f"{report.recorded_peak_reserved_bytes} bytes (replay: {report.peak_reserved_bytes})."
+        )
+        print()
+        view = _malformed_snapshot_guard(args.file, _view, snapshot, trace, report)
+        print(_malformed_snapshot_guard(args.file, forensics_text, view, width=width), end="")
+    if len(traces) > 1:
+        from .memory._config import RECORDED, Setting
+
+        [total] = _totals([Setting(None, RECORDED)], [[r] for r in reports])
+        print(
+            f"\nTotal of {total['devices']} recorded devices: peak requested "
+            f"{total['peak_requested_bytes']} bytes, peak reserved {total['peak_reserved_bytes']}"
+            f" bytes (PyTorch recorded {total['recorded_peak_reserved_bytes']} bytes)."
+        )
     return 0
 
 
-def _forensics(path: str, trace: Any, report: Any) -> str:
-    from .view import forensics_text, view_of_trace
+def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | None) -> str:
+    """What ``snapshot summary`` prints for a snapshot without allocation history: per device
+    with segments (or the one ``--device-index`` names), the end state it holds."""
+    from .trace._snapshot import snapshot_devices, snapshot_name
+    from .view import end_state_text, end_state_view
 
-    entries, segments = _snapshot_history(path, trace)
-    view = view_of_trace(trace, report, entries=entries, end_segments=segments)
-    return forensics_text(view, width=max(60, min(160, shutil.get_terminal_size().columns)))
+    if device_index is not None:
+        devices = [device_index]
+    else:
+        devices = snapshot_devices(snapshot, in_use=True) or [0]
+    width = max(60, min(160, shutil.get_terminal_size().columns))
+    parts = []
+    for device in devices:
+        segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
+        view = end_state_view(segments, snapshot_name(path))
+        text = end_state_text(view, width=width)
+        parts.append(f"{view.title} (recorded device {device})\n{text}")
+    return "\n".join(parts)
 
 
-def _diff_run(path: str, config: str | None, device_index: int | None) -> tuple[str, Any, Any]:
-    from .replay import replay
+def _diff_side(path: str, device_index: int | None) -> tuple[dict[str, Any] | None, list[Trace]]:
+    """One side of a diff: the snapshot it read (None for a JSONL trace) and its traces."""
     from .trace import load
     from .trace._format import sniff
-    from .view import view_of_trace
 
     _input_file(path, "a snapshot pickle or an accelrt trace (.jsonl.gz)")
-    snapshot = path if sniff(path) == "pickle" else None
-    trace = _snapshot_trace(path, device_index) if snapshot else load(path)
+    if sniff(path) != "pickle":
+        return None, [load(path)]
+    snapshot = _read_snapshot_file(path)
+    return snapshot, _snapshot_traces(path, snapshot, device_index)
+
+
+def _diff_run(
+    path: str, snapshot: dict[str, Any] | None, trace: Trace, setting: Setting, several: bool
+) -> tuple[str, View, ReplayReport]:
+    """A label, the picture and the replay of one device of one side of a diff."""
+    from .replay import replay
+
+    source = path if snapshot is not None else None
     report = _malformed_snapshot_guard(
-        snapshot, replay, trace, config=config, capture_at=[len(trace.events) - 1]
+        source, replay, trace, config=setting.config, capture_at=[len(trace.events) - 1]
     )
-    entries, segments = _malformed_snapshot_guard(snapshot, _snapshot_history, path, trace)
-    view = view_of_trace(trace, report, entries=entries, end_segments=segments)
-    return os.path.basename(path), view, report
+    view = _malformed_snapshot_guard(source, _view, snapshot, trace, report)
+    device = f" device {_recorded_device(trace)}" if several else ""
+    return f"{os.path.basename(path)}{device}, setting from {setting.source}", view, report
 
 
 def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
+    from .trace._snapshot import devices_text
     from .view import diff_text
 
     files: list[str] = args.files
-    configs: list[str | None] = [_modelled(c) for c in args.config or []]
+    given: list[Setting] = args.config or []
     if len(files) > 2:
         raise CliError(f"snapshot diff compares two runs, got {len(files)} files; give A B")
     if len(files) == 1:
-        if len(configs) != 2:
+        if len(given) != 2:
             raise CliError(
                 "snapshot diff with one file compares it under two settings: give --config "
-                "twice (e.g. --config '' --config expandable_segments:True), or give two files"
+                "twice (e.g. --config defaults --config expandable_segments:True), or give two "
+                "files"
             )
         files = [files[0], files[0]]
-    if len(configs) > 2:
-        raise CliError(f"--config given {len(configs)} times; give it once for A and once for B")
-    while len(configs) < 2:
-        configs.append(configs[0] if configs else None)
-    a = _diff_run(files[0], configs[0], args.device_index)
-    b = _diff_run(files[1], configs[1], args.device_index)
+    if len(given) > 2:
+        raise CliError(f"--config given {len(given)} times; give it once for A and once for B")
+    sides = [_diff_side(path, args.device_index) for path in files]
+    (snap_a, traces_a), (snap_b, traces_b) = sides
+    devices = [[_recorded_device(t) for t in traces] for _, traces in sides]
+    if len(traces_a) + len(traces_b) > 2 and devices[0] != devices[1]:
+        shown = [devices_text([d for d in ds if d is not None]) for ds in devices]
+        raise CliError(
+            f"{files[0]} has allocation history on devices {shown[0]} and {files[1]} on "
+            f"{shown[1]}: compare one device of each with --device-index N"
+        )
+    # --config once: both sides; twice: A, then B; not at all: each side's own (_settings)
+    settings = [
+        given[min(n, len(given) - 1)]
+        if given
+        else _settings(None, recording=traces[0].recording is not None)[0]
+        for n, (_, traces) in enumerate(sides)
+    ]
+    _note_ignored(settings)
+    several = len(traces_a) > 1
     width = max(60, min(160, shutil.get_terminal_size().columns))
-    print(diff_text(a, b, width=width), end="")
+    peaks = []
+    for n, (trace_a, trace_b) in enumerate(zip(traces_a, traces_b, strict=True)):
+        a = _diff_run(files[0], snap_a, trace_a, settings[0], several)
+        b = _diff_run(files[1], snap_b, trace_b, settings[1], several)
+        print(("\n" if n else "") + diff_text(a, b, width=width), end="")
+        peaks.append((a[2].peak_reserved_bytes, b[2].peak_reserved_bytes))
+    if several:
+        total_a, total_b = (sum(p) for p in zip(*peaks, strict=True))
+        print(
+            f"\nTotal of {len(peaks)} recorded devices: peak reserved (replay) A {total_a} bytes "
+            f"({format_bytes(total_a)}), B {total_b} bytes ({format_bytes(total_b)}), B - A "
+            f"{total_b - total_a:+} bytes"
+        )
     return 0
 
 
 def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
+    from .trace._snapshot import snapshot_devices
     from .view import segment_text
 
-    snapshot = _read_snapshot_file(args.file)
-    device = _snapshot_device(args.file, snapshot, args.device_index, history=False)
+    snapshot = _read_snapshot_file(args.file, progress=_show_progress(args))
+    _check_device_index(args.file, snapshot, args.device_index, history=False)
+    if args.device_index is not None:
+        devices = [args.device_index]
+    else:  # every device with segments or history (device 0 of an empty snapshot)
+        in_use = _malformed_snapshot_guard(args.file, snapshot_devices, snapshot, in_use=True)
+        devices = in_use or [0]
 
     def text() -> str:
-        return segment_text([s for s in snapshot["segments"] if s.get("device", 0) == device])
+        mine = [[s for s in snapshot["segments"] if s.get("device", 0) == d] for d in devices]
+        if len(devices) == 1:
+            return segment_text(mine[0])
+        parts = [
+            f"recorded device {d}:\n{segment_text(s)}" for d, s in zip(devices, mine, strict=True)
+        ]
+        total = segment_text([s for segments in mine for s in segments]).splitlines()[-1]
+        return "\n\n".join([*parts, f"total of {len(devices)} recorded devices: {total}"])
 
     print(_malformed_snapshot_guard(args.file, text))
     return 0
 
 
 def _cmd_snapshot_view(args: argparse.Namespace) -> int:
-    from .view import render_html, view_of_snapshot
+    from .trace._snapshot import devices_with_history, snapshot_devices, snapshot_name
+    from .view import SnapshotPicture
 
-    snapshot = _read_snapshot_file(args.file)  # a clear message for what is not a snapshot
-    device_index = _snapshot_device(args.file, snapshot, args.device_index)
+    show_progress = _show_progress(args)
+    # a clear message for what is not a snapshot
+    snapshot = _read_snapshot_file(args.file, progress=show_progress)
+    _check_device_index(args.file, snapshot, args.device_index)
     for output in (args.output, args.png):
         _not_the_input(output, args.file)
     _check_png(args.png)
-    view = _malformed_snapshot_guard(
-        args.file, view_of_snapshot, args.file, device_index=device_index
-    )
-    page = render_html(view)
-    _write_text(args.output, page)
-    if args.png:
-        _write_png(view, args.png)
-    print(
-        f"wrote {args.output} ({len(page.encode()) / 1e6:.1f} MB)"
-        + (f" and {args.png}" if args.png else "")
-    )
+    # every device with history, else (the end state) every one with segments
+    in_use = _malformed_snapshot_guard(args.file, snapshot_devices, snapshot, in_use=True)
+    recorded = devices_with_history(snapshot) or in_use
+    devices = [args.device_index] if args.device_index is not None else recorded or [0]
+    # what each picture shows first, so that the snapshot's entries go before the replays
+    pictures = [
+        _malformed_snapshot_guard(args.file, SnapshotPicture.take, args.file, snapshot, device)
+        for device in devices
+    ]
+    del snapshot
+    replay_shown = functools.partial(_replay_shown, show_progress=show_progress)
+    views = []
+    for device, picture in zip(devices, pictures, strict=True):
+        view = _malformed_snapshot_guard(args.file, picture.draw, run=replay_shown)
+        if len(recorded) > 1:  # the page says which device it shows
+            view.title = snapshot_name(args.file, device)
+        views.append(view)
+    title = snapshot_name(args.file)
+    _write_views(views, devices, args.output, args.png, title=title, stream=sys.stdout)
     return 0
 
 
@@ -1096,7 +1514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE
         command = _command_name(args)
         try:
-            result: int = args.func(args)
+            # a snapshot (these commands read them) decodes to a container per entry, none in
+            # a cycle: each collection of the cyclic collector would walk them all (accelrt._gc)
+            heavy = args.command in ("snapshot", "replay")
+            paused = collector_paused() if heavy else contextlib.nullcontext()
+            with paused:
+                result: int = args.func(args)
         except BrokenPipeError:  # the reader of our output went away (e.g. `| head`)
             _quiet_stdout()
             return 1

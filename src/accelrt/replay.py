@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterable
@@ -18,8 +19,19 @@ from typing import Any
 
 import numpy as np
 
+from ._bounds import lower_bounds
 from ._device import Device
 from ._errors import OutOfMemoryError
+from ._start_state import (
+    StartKind,
+    StartStateError,
+    cached_free_blocks,
+    calibrated_share,
+    decides_alike,
+    describe_start,
+    largest_size,
+    rebuild_start,
+)
 from .backends._base import Backend, get_backend
 from .backends.sim import SimBackend
 from .memory._block import Block
@@ -114,11 +126,38 @@ class ReplayReport:
         ``peak_reserved_bytes / recorded_peak_reserved_bytes - 1`` (0.0: identical).
     notes : list of str
         What makes this replay differ from the recording, where accelrt knows.
+    start_state : {"empty", "recorded", "modelled"}
+        How the state the recording began with was built (``accelrt._start_state``):
+        nothing to build (a JSONL trace, or a recording that began with the process), the
+        recording's own segments and blocks (exact under the recorded setting), or modelled
+        under this replay's setting.
+    reserved_before_recording_bytes : int
+        What the recording's own allocator held before its first event (0 if nothing).
+    start_cached_bytes : int
+        Of those, the bytes of free blocks it held cached.
+    start_transient_share : float or None
+        A modelled start: the share of the cached bytes taken as live before the first event
+        (calibrated on the recorded setting).
+    peak_reserved_low_bytes, peak_reserved_high_bytes : int or None
+        A modelled start: the lowest and highest peak reserved bytes the model allows (none
+        or all of the cached bytes taken as live; ``peak_reserved_bytes`` lies between).
     memory_stats : dict
         The allocator's ``memory_stats()`` after the last event (left out of ``to_dict``).
     segment_maps : dict of int to list of SegmentInfo
         The allocator's segments (snapshot schema) after each event index asked for with
         ``capture_at`` (for pictures; left out of ``to_dict``).
+    floor_live_bytes : int or None
+        Lower bound: the peak of live requested bytes (``accelrt._bounds``; for a recording
+        with its starting blocks, and a request that ran out of memory counted at its moment).
+    floor_rounded_bytes : int or None
+        Lower bound under this setting: that peak with every request rounded as PyTorch does.
+    plan_peak_bytes : int or None
+        What perfect foresight needs: the peak of an offline plan of the rounded blocks
+        (``accelrt._offline_plan``), at least ``floor_rounded_bytes``.
+    plan_algorithm : str or None
+        The heuristic that made that plan.
+    recorded_num_ooms : int or None
+        For a PyTorch snapshot: its ``oom`` entries (``accelrt._verdict`` reads them).
     """
 
     trace: str
@@ -143,8 +182,23 @@ class ReplayReport:
     recorded_num_device_alloc: int | None = None
     peak_reserved_difference: float | None = None
     notes: list[str] = field(default_factory=list)
+    start_state: StartKind = "empty"
+    reserved_before_recording_bytes: int = 0
+    start_cached_bytes: int = 0
+    start_transient_share: float | None = None
+    peak_reserved_low_bytes: int | None = None
+    peak_reserved_high_bytes: int | None = None
     memory_stats: dict[str, int] = field(default_factory=dict, repr=False)
     segment_maps: dict[int, list[SegmentInfo]] = field(default_factory=dict, repr=False)
+    floor_live_bytes: int | None = None
+    floor_rounded_bytes: int | None = None
+    plan_peak_bytes: int | None = None
+    plan_algorithm: str | None = None
+    recorded_num_ooms: int | None = None
+
+    def describe_start(self) -> str:
+        """One line saying how the start state was built (``start_state`` and its figures)."""
+        return describe_start(self.start_state, self.start_transient_share, self.start_cached_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as plain JSON-serialisable data (without ``segment_maps``)."""
@@ -154,7 +208,7 @@ class ReplayReport:
 
 
 def _open_device(
-    device: str | Device, capacity: int | str | None, trace: Trace
+    device: str | Device, capacity: int | str | None, trace: Trace, *, recorded_start: bool
 ) -> tuple[Backend, int]:
     dev = Device(device)
     index = dev.index if dev.index is not None else 0
@@ -165,7 +219,7 @@ def _open_device(
         if capacity is None and recording is not None:
             capacity = recording.capacity_bytes or UNLIMITED_CAPACITY
         sim = SimBackend(device_count=index + 1, capacity=capacity)
-        if recording is not None:
+        if recording is not None and recorded_start:
             starts = recording.start_segments
             fixed = [(s.address, s.size) for s in starts if not s.is_expandable]
             sim.plan_addresses(index, [*fixed, *recording.segment_addresses])
@@ -183,6 +237,9 @@ def _open_device(
     return backend, index
 
 
+_STARTS = ("modelled", "recorded")
+
+
 def replay(
     trace: Trace,
     *,
@@ -191,6 +248,7 @@ def replay(
     config: AllocatorConfig | str | None = None,
     progress: ProgressCallback | None = None,
     capture_at: Collection[int] = (),
+    start: str = "modelled",
 ) -> ReplayReport:
     """Run every event of ``trace`` through a fresh ``CachingAllocator``.
 
@@ -204,13 +262,22 @@ def replay(
         Simulated device memory, e.g. ``"80GiB"``; default the trace header's
         ``device_capacity_bytes``, else ``ACCELRT_SIM_CAPACITY``, else 80 GiB. Only for ``sim``.
     config : AllocatorConfig or str, optional
-        Allocator settings in ``ACCELRT_ALLOC_CONF`` syntax; default the defaults (the
-        environment is not read, so replays are reproducible).
+        Allocator settings in ``ACCELRT_ALLOC_CONF`` syntax; default the recorded settings of
+        a snapshot, else the defaults (the environment is not read, so replays are
+        reproducible).
     progress : callable, optional
         Called as ``progress(done, total)`` every few thousand events and at the end.
     capture_at : collection of int
         Event indices after which to keep the allocator's segment map (``-1``: before the
         first event) in ``report.segment_maps``.
+    start : {"modelled", "recorded"}
+        For a recording that began mid-run replayed with a setting other than the recorded
+        one: ``"modelled"`` (default) rebuilds the start state under that setting
+        (``accelrt._start_state``; docs/snapshot-replay.md), ``"recorded"`` restores the
+        recording's own segments and blocks as they were. Under the recorded setting, or one
+        that decides alike for every size the recording holds or asks for
+        (``accelrt._start_state.decides_alike``), the recorded start is always used (it is
+        exact).
 
     Returns
     -------
@@ -219,85 +286,73 @@ def replay(
     Raises
     ------
     ValueError
-        For a bad device, capacity or config, or a capacity too small for the state a
-        recording began with.
+        For a bad device, capacity, config or start.
+    StartStateError
+        (A ``ValueError``.) If the device cannot hold the state the recording began with
+        under this setting: the message names the setting and the bytes.
 
     Notes
     -----
     Allocations that run out of memory are recorded in the report, and the replay goes on
     (their frees are skipped). Zero-byte allocations are skipped, as PyTorch's allocator
     hands out no memory for them. On a real device all memory is given back at the end.
+    A modelled start replays the trace three more times on the simulated device for its
+    range (and, once per recording, a few times under the recorded setting to calibrate it).
     """
+    if start not in _STARTS:
+        raise ValueError(f"start must be 'modelled' or 'recorded', got {start!r}")
     recording = trace.recording
     if config is None and recording is not None:
         settings = recording.settings
     else:
         settings = AllocatorConfig.coerce(config)
-    backend, index = _open_device(device, capacity, trace)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        allocator = CachingAllocator(backend, index, settings)
-    notes = [str(w.message) for w in caught]
-    handles: dict[int, int] = {}
+    kind: StartKind = "empty"
+    if recording is not None and recording.start_segments:
+        largest = largest_size(recording, int(trace.events.size.max(initial=0)))
+        recorded = start == "recorded" or decides_alike(recording.settings, settings, largest)
+        kind = "recorded" if recorded else "modelled"
+    backend, index = _open_device(device, capacity, trace, recorded_start=kind != "modelled")
+    share = -1.0  # the recorded start, or none
+    low = high = None
+    if kind == "modelled":
+        assert recording is not None
+        capacity_bytes = backend.mem_get_info(index)[1]
 
-    def handle_of(stream: int) -> int:
-        handle = handles.get(stream)
-        if handle is None:
-            handle = handles[stream] = 0 if stream == 0 else backend.stream_create(index, 0)
-        return handle
+        def peak_with(config: AllocatorConfig, share: float, capacity: int) -> int:
+            sim = SimBackend(device_count=1, capacity=capacity)
+            run = _Run(trace, sim, 0, config, share)
+            return run.execute(None, frozenset())["reserved_bytes.all.peak"]
 
-    blocks = type(allocator)._ActiveBlocks()  # a dict, or the compiled core's map of them
-    ooms: list[OomRecord] = []
-    total = len(trace.events)
-    try:
-        if recording is not None:
-            for segment in recording.start_segments:
-                try:
-                    restored = allocator.restore_segment(
-                        segment.size,
-                        handle_of(segment.stream),
-                        [(b.size, b.requested_size) for b in segment.blocks],
-                        is_small=segment.is_small,
-                        expandable=segment.is_expandable,
-                    )
-                except OutOfMemoryError:
-                    raise ValueError(
-                        f"{trace.name}: the recording began with "
-                        f"{recording.reserved_at_start_bytes} bytes reserved, more than "
-                        f"{allocator.device_name} holds ({backend.mem_get_info(index)[1]} "
-                        "bytes); give a larger capacity"
-                    ) from None
-                recorded = [b.address for b in segment.blocks if b.requested_size > 0]
-                blocks.update(zip(recorded, restored, strict=True))  # the trace frees them by these
-            allocator.reset_accumulated_memory_stats()  # count what the trace itself does
-        captures = frozenset(capture_at)
-        segment_maps: dict[int, list[SegmentInfo]] = {}
-        if -1 in captures:
-            segment_maps[-1] = allocator.snapshot()[0]
-        start = time.perf_counter()
-        _run_events(
-            trace.events, allocator, blocks, handle_of, ooms, progress, captures, segment_maps
-        )
-        wall = time.perf_counter() - start
-        if progress is not None:
-            progress(total, total)
-        stats = allocator.memory_stats()
-    finally:
-        for block in blocks.values():
-            allocator.free(block)
-        allocator.empty_cache()
-        for handle in handles.values():
-            if handle:
-                backend.stream_destroy(index, handle)
+        # first: raises where the setting cannot hold the start
+        low = peak_with(settings, 0.0, capacity_bytes)
+
+        def recorded_peak_with(share: float) -> int:
+            """The modelled run as the recording ran: its setting, on its own device."""
+            try:
+                return peak_with(
+                    recording.settings, share, recording.capacity_bytes or UNLIMITED_CAPACITY
+                )
+            except ValueError:  # the recorded setting cannot hold this much at once
+                return sys.maxsize
+
+        share = calibrated_share(recording, recorded_peak_with)
+        low, high = sorted((low, peak_with(settings, 1.0, capacity_bytes)))
+    run = _Run(trace, backend, index, settings, share)
+    stats = run.execute(progress, frozenset(capture_at))
     peak_requested = stats["requested_bytes.all.peak"]
     peak_reserved = stats["reserved_bytes.all.peak"]
+    if low is not None and high is not None:
+        low, high = min(low, peak_reserved), max(high, peak_reserved)
     recorded_peak = recording.peak_reserved_bytes if recording is not None else None
+    notes = run.notes
     if recording is not None and recording.inconsistent_events:
         notes.append(
             f"{recording.inconsistent_events} events of the recording could not be placed when "
             "rewinding from its end state (its ring buffer lost their context), so the start "
             "state is approximate"
         )
+    total = len(trace.events)
+    bounds = lower_bounds(trace, settings)
     return ReplayReport(
         trace=trace.name,
         device=f"{backend.name}:{index}",
@@ -313,17 +368,127 @@ def replay(
         num_device_alloc=stats["num_device_alloc"],
         num_device_free=stats["num_device_free"],
         num_alloc_retries=stats["num_alloc_retries"],
-        num_ooms=len(ooms),
-        wall_seconds=wall,
-        events_per_second=total / wall if wall > 0 else 0.0,
-        ooms=ooms,
+        num_ooms=len(run.ooms),
+        wall_seconds=run.wall_seconds,
+        events_per_second=total / run.wall_seconds if run.wall_seconds > 0 else 0.0,
+        ooms=run.ooms,
         recorded_peak_reserved_bytes=recorded_peak,
         recorded_num_device_alloc=recording.num_device_alloc if recording is not None else None,
         peak_reserved_difference=(peak_reserved / recorded_peak - 1.0 if recorded_peak else None),
         notes=notes,
+        start_state=kind,
+        reserved_before_recording_bytes=recording.reserved_at_start_bytes if recording else 0,
+        start_cached_bytes=(
+            sum(size for size, _, _ in cached_free_blocks(recording)) if recording else 0
+        ),
+        start_transient_share=share if kind == "modelled" else None,
+        peak_reserved_low_bytes=low,
+        peak_reserved_high_bytes=high,
         memory_stats=stats,
-        segment_maps=segment_maps,
+        segment_maps=run.segment_maps,
+        floor_live_bytes=bounds.peak_live_bytes,
+        floor_rounded_bytes=bounds.peak_live_rounded_bytes,
+        plan_peak_bytes=bounds.planned_peak_bytes,
+        plan_algorithm=bounds.algorithm,
+        recorded_num_ooms=recording.num_ooms if recording is not None else None,
     )
+
+
+class _Run:
+    """One replay of a trace through a fresh allocator on ``backend``: start state, events.
+
+    ``share`` < 0 restores a recording's start as recorded; otherwise the start is rebuilt
+    under ``settings`` with that share of its cached bytes held (``rebuild_start``).
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        backend: Backend,
+        index: int,
+        settings: AllocatorConfig,
+        share: float,
+    ) -> None:
+        self.trace, self.backend, self.index, self.share = trace, backend, index, share
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.allocator = CachingAllocator(backend, index, settings)
+        self.notes = [str(w.message) for w in caught]
+        self.handles: dict[int, int] = {}
+        self.ooms: list[OomRecord] = []
+        self.segment_maps: dict[int, list[SegmentInfo]] = {}
+        self.wall_seconds = 0.0
+
+    def handle_of(self, stream: int) -> int:
+        handle = self.handles.get(stream)
+        if handle is None:
+            handle = 0 if stream == 0 else self.backend.stream_create(self.index, 0)
+            self.handles[stream] = handle
+        return handle
+
+    def execute(
+        self, progress: ProgressCallback | None, captures: frozenset[int]
+    ) -> dict[str, int]:
+        """Build the start state, run the events; return ``memory_stats()`` after the last."""
+        allocator, trace = self.allocator, self.trace
+        blocks = type(allocator)._ActiveBlocks()  # a dict, or the compiled core's map of them
+        total = len(trace.events)
+        try:
+            if trace.recording is not None:
+                if self.share < 0:
+                    self._restore(blocks)
+                else:
+                    live = rebuild_start(allocator, trace.recording, self.handle_of, self.share)
+                    blocks.update(live.items())
+                allocator.reset_accumulated_memory_stats()  # count what the trace itself does
+            if -1 in captures:
+                self.segment_maps[-1] = allocator.snapshot()[0]
+            begin = time.perf_counter()
+            _run_events(
+                trace.events,
+                allocator,
+                blocks,
+                self.handle_of,
+                self.ooms,
+                progress,
+                captures,
+                self.segment_maps,
+            )
+            self.wall_seconds = time.perf_counter() - begin
+            if progress is not None:
+                progress(total, total)
+            return allocator.memory_stats()
+        finally:
+            for block in blocks.values():
+                allocator.free(block)
+            allocator.empty_cache()
+            for handle in self.handles.values():
+                if handle:
+                    self.backend.stream_destroy(self.index, handle)
+
+    def _restore(self, blocks: dict[int, Block]) -> None:
+        """Restore the recording's start segments and blocks as they were."""
+        recording, allocator = self.trace.recording, self.allocator
+        assert recording is not None
+        for segment in recording.start_segments:
+            try:
+                restored = allocator.restore_segment(
+                    segment.size,
+                    self.handle_of(segment.stream),
+                    [(b.size, b.requested_size) for b in segment.blocks],
+                    is_small=segment.is_small,
+                    expandable=segment.is_expandable,
+                )
+            except OutOfMemoryError:
+                raise StartStateError(
+                    f"{self.trace.name}: the recording began with "
+                    f"{recording.reserved_at_start_bytes} bytes reserved, more than "
+                    f"{allocator.device_name} holds "
+                    f"({self.backend.mem_get_info(self.index)[1]} bytes) under setting "
+                    f"{allocator.config.describe()!r}; give a larger capacity"
+                ) from None
+            recorded = [b.address for b in segment.blocks if b.requested_size > 0]
+            blocks.update(zip(recorded, restored, strict=True))  # the trace frees them by these
 
 
 def _run_events(

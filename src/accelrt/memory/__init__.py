@@ -13,7 +13,8 @@ The public home of memory, as ``torch.accelerator.memory`` and ``rmm.mr`` are. T
   :func:`empty_cache`, ... and the summary table :func:`memory_summary`;
 - history and snapshots in PyTorch's format: :func:`record_memory_history`,
   :func:`memory_snapshot`, :func:`dump_snapshot` and their ``TypedDict`` schemas;
-- settings: :class:`AllocatorConfig` (``ACCELRT_ALLOC_CONF``), :func:`set_allocator_settings`;
+- settings: :class:`AllocatorConfig` (``ACCELRT_ALLOC_CONF``), :func:`set_allocator_settings`,
+  and :class:`Setting` (settings with where they came from, as the ``accelrt`` commands say);
 - the machinery, for tools and replays: :func:`get_allocator` gives a device's
   :class:`CachingAllocator` (one per device, generic over a backend's primitives), whose
   ``malloc`` hands out :class:`Block` objects.
@@ -40,6 +41,7 @@ from ._api import set_allocator_settings as set_allocator_settings
 from ._api import set_per_process_memory_fraction as set_per_process_memory_fraction
 from ._buffer import Buffer as Buffer
 from ._config import AllocatorConfig as AllocatorConfig
+from ._config import Setting as Setting
 from ._core import Block as Block
 from ._core import CachingAllocator as CachingAllocator
 from ._history import BlockInfo as BlockInfo
@@ -75,6 +77,7 @@ __all__ = [
     "HostCachingAllocator",
     "MemPool",
     "SegmentInfo",
+    "Setting",
     "Snapshot",
     "TraceEntry",
     "copy_",

@@ -1142,45 +1142,64 @@ class CachingAllocator:
         """
         with self._lock:
             segments = []
-            for segment, blocks in self.segments():
+            for segment in sorted(self._segments.values(), key=_ADDRESS):
                 if pool_id is not None and segment.pool.pool_id != pool_id:
                     continue
-                for run in _mapped_runs(blocks):
+                run: list[Block] = []  # the mapped blocks since the last unmapped one
+                block = self._block_at(segment.address, segment)
+                while block is not None:
+                    if block.mapped:
+                        run.append(block)
+                    elif run:
+                        segments.append(self._segment_info(segment, run))
+                        run = []
+                    block = block.next
+                if run:
                     segments.append(self._segment_info(segment, run))
             entries = self._observer.to_entries() if self._observer is not None else []
             return segments, entries
 
     def _segment_info(self, segment: AnySegment, blocks: list[Block]) -> SegmentInfo:
-        infos = [
-            BlockInfo(
-                address=b.address,
-                size=b.size,
-                requested_size=b.requested_size if b.allocated or b.event_count else 0,
-                state=(
-                    "active_allocated"
-                    if b.allocated
-                    else "active_pending_free"
-                    if b.event_count
-                    else "inactive"
-                ),
-                frames=frames_to_dicts(b.frames),
+        """One snapshot segment of ``blocks`` (mapped, in address order), in one pass."""
+        infos: list[BlockInfo] = []
+        total = allocated = active = requested = 0
+        for b in blocks:
+            size = b.size
+            total += size
+            if b.allocated:
+                state, asked = "active_allocated", b.requested_size
+                allocated += size
+                active += size
+            elif b.event_count:
+                state, asked = "active_pending_free", b.requested_size
+                active += size
+            else:
+                state, asked = "inactive", 0
+            requested += asked
+            frames = b.frames
+            infos.append(
+                {
+                    "address": b.address,
+                    "size": size,
+                    "requested_size": asked,
+                    "state": state,
+                    "frames": frames_to_dicts(frames) if frames else [],
+                }
             )
-            for b in blocks
-        ]
-        return SegmentInfo(
-            device=self.device_index,
-            address=blocks[0].address,
-            total_size=sum(b.size for b in blocks),
-            allocated_size=sum(b.size for b in blocks if b.allocated),
-            active_size=sum(b.size for b in blocks if b.allocated or b.event_count),
-            requested_size=sum(i["requested_size"] for i in infos),
-            stream=segment.stream,
-            segment_type="small" if segment.is_small else "large",
-            segment_pool_id=segment.pool.pool_id,
-            is_expandable=segment.is_expandable,
-            frames=frames_to_dicts(segment.frames),
-            blocks=infos,
-        )
+        return {
+            "device": self.device_index,
+            "address": blocks[0].address,
+            "total_size": total,
+            "allocated_size": allocated,
+            "active_size": active,
+            "requested_size": requested,
+            "stream": segment.stream,
+            "segment_type": "small" if segment.is_small else "large",
+            "segment_pool_id": segment.pool.pool_id,
+            "is_expandable": segment.is_expandable,
+            "frames": frames_to_dicts(frames) if (frames := segment.frames) else [],
+            "blocks": infos,
+        }
 
     # ------------------------------------------------------------------ statistics
     def memory_stats(self) -> dict[str, int]:
@@ -1256,6 +1275,9 @@ def _link_after(prev: Block | None, block: Block, following: Block | None = None
         prev.next = block
     if following is not None:
         following.prev = block
+
+
+_ADDRESS = operator.attrgetter("address")
 
 
 def _mapped_runs(blocks: list[Block]) -> list[list[Block]]:

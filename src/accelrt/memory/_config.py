@@ -1,7 +1,8 @@
 """Allocator configuration: ``ACCELRT_ALLOC_CONF`` and ``set_allocator_settings``.
 
 Same syntax as ``PYTORCH_ALLOC_CONF`` (docs/allocator.md section 11): ``key:value,key:[a:b,c:d]``,
-booleans ``True``/``False``. Unknown keys and bad values raise ``ValueError`` naming the key and
+booleans ``True``/``False``; ``defaults`` (what :meth:`AllocatorConfig.describe` writes for
+them) names the defaults. Unknown keys and bad values raise ``ValueError`` naming the key and
 the allowed range.
 """
 
@@ -16,9 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ENV_VAR", "AllocatorConfig"]
+__all__ = ["ENV_VAR", "ENV_VARS", "RECORDED", "AllocatorConfig", "Setting"]
 
 ENV_VAR = "ACCELRT_ALLOC_CONF"
+ENV_VARS = (ENV_VAR, "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""Where the ``accelrt`` commands look for a setting when ``--config`` gives none: the first one
+set (and not empty) wins. PyTorch's two come in the order PyTorch reads them,
+``PYTORCH_CUDA_ALLOC_CONF`` being the deprecated name (c10/core/AllocatorConfig.cpp,
+``AcceleratorAllocatorConfig::instance``)."""
+RECORDED = "recorded"
+"""The label and source of a PyTorch snapshot's own recorded allocator settings."""
 MiB = 1024 * 1024
 NUM_ROUNDUP_SLOTS = 16
 MAX_MB = 1 << 40
@@ -101,7 +109,8 @@ class AllocatorConfig:
         Parameters
         ----------
         text : str
-            E.g. ``"max_split_size_mb:128,roundup_power2_divisions:[256:1,>:4]"``; may be empty.
+            E.g. ``"max_split_size_mb:128,roundup_power2_divisions:[256:1,>:4]"``; empty or
+            ``"defaults"``: nothing changed.
         base : AllocatorConfig, optional
             The settings to start from (the defaults when None).
 
@@ -267,11 +276,14 @@ class AllocatorConfig:
         """Whether any ``roundup_power2_divisions`` slot is set (else plain 512-byte rounding)."""
         return any(d > 1 for d in self.roundup_power2_divisions)
 
+    @staticmethod
+    def slot_for(size: int) -> int:
+        """Return the ``roundup_power2_divisions`` slot of a request of ``size`` bytes."""
+        return min(max(size.bit_length() - 1 - 20, 0), NUM_ROUNDUP_SLOTS - 1)
+
     def roundup_divisions_for(self, size: int) -> int:
         """Return the power-of-two divisions that apply to a request of ``size`` bytes."""
-        log_size = size.bit_length() - 1
-        index = min(max(log_size - 20, 0), NUM_ROUNDUP_SLOTS - 1)
-        return self.roundup_power2_divisions[index]
+        return self.roundup_power2_divisions[self.slot_for(size)]
 
     def describe(self) -> str:
         """Return the settings that differ from the defaults as a config string."""
@@ -295,6 +307,40 @@ class AllocatorConfig:
         return ",".join(parts) or "defaults"
 
 
+@dataclass(frozen=True)
+class Setting:
+    """Allocator settings and where they came from, as the ``accelrt`` commands report them.
+
+    Attributes
+    ----------
+    config : AllocatorConfig or None
+        The settings; None for a recording's own (each snapshot's ``allocator_settings``).
+    source : str
+        Where they came from: ``"--config"``, ``"environment ACCELRT_ALLOC_CONF"`` (or
+        ``PYTORCH_ALLOC_CONF``, ``PYTORCH_CUDA_ALLOC_CONF``: :data:`ENV_VARS`),
+        ``"recorded"``, ``"defaults"`` (nothing asked for, on a trace without a recording),
+        or, in a sweep, ``"grid"`` and ``"configs"`` (given to :func:`accelrt.sweep`).
+    ignored : tuple of str
+        ``key:value`` items of a real ``PYTORCH_CUDA_ALLOC_CONF`` string set aside because the
+        device allocator does not depend on them (:meth:`AllocatorConfig.parse_torch`).
+    """
+
+    config: AllocatorConfig | None
+    source: str
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``"recorded"``, or the settings as :meth:`AllocatorConfig.describe` writes them."""
+        return RECORDED if self.config is None else self.config.describe()
+
+
+def setting_text(label: str, source: str) -> str:
+    """A setting's label and, where that says more, its source: ``defaults (from --config)``,
+    ``recorded``, ``max_split_size_mb:64 (from environment ACCELRT_ALLOC_CONF)``."""
+    return label if source in ("", label) else f"{label} (from {source})"
+
+
 def _recorded_division(key: Any, value: Any) -> tuple[int, int]:
     """One ``{"<MiB>": divisions}`` entry of recorded settings, as two ints."""
     size_mb, divisions = _ascii_int(key), _ascii_int(value)
@@ -307,7 +353,12 @@ def _recorded_division(key: Any, value: Any) -> tuple[int, int]:
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
-    """Split ``key:value,key:[a:b]`` into (key, value) pairs; brackets keep their commas."""
+    """Split ``key:value,key:[a:b]`` into (key, value) pairs; brackets keep their commas.
+
+    ``defaults`` alone (:meth:`AllocatorConfig.describe` of the defaults) has no pairs.
+    """
+    if text.strip() == "defaults":
+        return []
     items: list[tuple[str, str]] = []
     depth = 0
     current = ""

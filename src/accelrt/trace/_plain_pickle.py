@@ -12,12 +12,20 @@ import io
 import pickle
 import re
 import struct
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from .._gc import collector_paused
 from ._format import TraceFormatError
 
-__all__ = ["describe", "load_plain_pickle", "one_line"]
+__all__ = ["ByteProgress", "describe", "load_plain_pickle", "one_line"]
+
+ByteProgress = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``: ``done`` of the file's ``total`` bytes are through
+``phase`` (``"reading"``, ``"checking"`` or ``"decoding"``)."""
+_REPORT_EVERY = 1 << 20
+"""Bytes between two progress reports."""
 
 
 class _Refused(pickle.UnpicklingError):
@@ -36,6 +44,35 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         raise _Refused(f"persistent id {describe(pid)}")
+
+
+class _ReportingReader:
+    """The unpickler's file over ``data``, telling ``progress`` how far it has read.
+
+    It has ``peek``, so the unpickler reads ahead in pieces of 128 KiB and takes opcodes from
+    its own buffer: two calls here per piece, framed pickle or not.
+    """
+
+    def __init__(self, data: bytes, progress: ByteProgress) -> None:
+        self._data = data
+        self._pos = 0
+        self._next_report = _REPORT_EVERY
+        self._progress = progress
+
+    def peek(self, size: int = 1) -> bytes:
+        return self._data[self._pos : self._pos + max(size, 1)]
+
+    def read(self, size: int = -1) -> bytes:
+        start, end = self._pos, len(self._data)
+        self._pos = end if size < 0 else min(end, start + size)
+        if self._pos >= self._next_report:
+            self._progress("decoding", self._pos, end)
+            self._next_report = self._pos + _REPORT_EVERY
+        return self._data[start : self._pos]
+
+    def readline(self) -> bytes:
+        newline = self._data.find(b"\n", self._pos)
+        return self.read(-1 if newline < 0 else newline + 1 - self._pos)
 
 
 # The pickle opcodes (pickletools.opcodes, protocols 0 to 5) by what follows them.
@@ -119,7 +156,7 @@ def _plain_run() -> re.Pattern[bytes]:
     return re.compile(b"(?:" + b"|".join(alternatives) + b")*+", re.DOTALL)
 
 
-def _scan_pickle(data: bytes) -> str | int | None:
+def _scan_pickle(data: bytes, progress: ByteProgress | None = None) -> str | int | None:
     """Walk the opcodes of ``data`` without building anything; return the first problem.
 
     The problem is a message, or the position of the first opcode that names or calls code
@@ -129,18 +166,26 @@ def _scan_pickle(data: bytes) -> str | int | None:
     bytes or frame longer than what follows it, a memo index above the file's length: the
     unpickler sizes its memo by the largest index), an int of more than 9 bytes, a set, and a
     tuple holding anything but scalars (see :func:`_plain_run`). What is left builds at most
-    a few objects per byte, none of them costly to hash.
+    a few objects per byte, none of them costly to hash. ``progress`` hears how far the walk
+    is (``"checking"``) about every megabyte where the regex stops that often (at least at
+    every frame of a pickle of protocol 4 or later).
     """
     end = len(data)
     run = _plain_run().match
     pos = 0
+    next_report = _REPORT_EVERY
     while True:
         match = run(data, pos)
         pos = match.end() if match is not None else pos
+        if progress is not None and pos >= next_report:
+            progress("checking", min(pos, end), end)
+            next_report = pos + _REPORT_EVERY
         if pos >= end:
             return "no STOP opcode: the data is truncated"
         op = data[pos]
         if op == _STOP:
+            if progress is not None:
+                progress("checking", end, end)
             return None
         if op in _CODE:
             return pos
@@ -235,8 +280,17 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def load_plain_pickle(data: bytes, name: str) -> Any:
+def load_plain_pickle(data: bytes, name: str, *, progress: ByteProgress | None = None) -> Any:
     """Decode ``data``, a pickle read from file ``name``, admitting plain data only.
+
+    Parameters
+    ----------
+    data : bytes
+    name : str
+        For messages.
+    progress : callable, optional
+        ``progress(phase, done, total)`` about every megabyte of the check (``"checking"``)
+        and of the decoding (``"decoding"``) that follows it.
 
     Returns
     -------
@@ -250,15 +304,19 @@ def load_plain_pickle(data: bytes, name: str) -> Any:
         One line naming the file: the pickle names or calls code (nothing ran), is damaged,
         or claims more than its length can hold.
     """
-    problem = _scan_pickle(data)
+    problem = _scan_pickle(data, progress)
     if isinstance(problem, str):
         raise TraceFormatError(f"{name}: not a readable pickle ({problem})")
     plain_only = "accelrt reads snapshots as plain data only and ran nothing from it"
     calls = f"{name}: refused: the pickle calls code (opcode at byte {problem}); {plain_only}"
+    source = io.BytesIO(data) if progress is None else _ReportingReader(data, progress)
     try:
         # Where the walk stopped at code, the unpickler stops there too: it refuses globals
         # and persistent ids, and plain data cannot be called, so it never reads past it.
-        value = _PlainDataUnpickler(io.BytesIO(data)).load()
+        with collector_paused():  # a container per entry, no cycle among them
+            value = _PlainDataUnpickler(source).load()
+        if progress is not None:
+            progress("decoding", len(data), len(data))
     except _Refused as exc:
         raise TraceFormatError(
             f"{name}: refused: the pickle names {exc}, i.e. code; {plain_only}"

@@ -20,6 +20,8 @@ from bisect import bisect_right, insort
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..memory._config import AllocatorConfig
 from ..memory._policy import (
     K_MIN_BLOCK_SIZE,
@@ -31,8 +33,8 @@ from ..memory._policy import (
     round_size,
     should_split,
 )
-from ._columns import TraceEvents
-from ._format import Trace, TraceEvent, TraceFormatError
+from ._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents, _signed
+from ._format import Trace, TraceFormatError
 from ._plain_pickle import describe
 from ._snapshot_schema import (
     ALLOCATED_STATES,
@@ -48,8 +50,12 @@ __all__ = [
     "Recording",
     "SegmentState",
     "UNMAPPED",
+    "devices_text",
     "devices_with_history",
+    "snapshot_devices",
+    "snapshot_name",
     "trace_from_snapshot",
+    "traces_from_snapshot",
 ]
 
 _FAILED_ADDR = 0
@@ -333,6 +339,8 @@ def _expandable_groups(
     lowest to the highest address the end state or a ``segment_map``/``segment_unmap`` entry
     shows for it, and the stretches between mapped ranges are unmapped blocks.
     """
+    if not end_segments:  # (no span for a map or unmap entry to widen)
+        return []
     groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
     for seg in end_segments:
         key = (seg.get("stream", 0), seg.get("segment_type") == "small")
@@ -398,6 +406,69 @@ def devices_with_history(snapshot: dict[str, Any]) -> list[int]:
     ]
 
 
+def snapshot_devices(snapshot: dict[str, Any], *, in_use: bool = False) -> list[int]:
+    """Return the device indices a snapshot holds: those of its ``device_traces`` entries and
+    of its segments, in order; ``in_use``: only those with segments or allocation history.
+
+    Segments that are not dicts, or whose ``device`` is not a whole number, are passed over
+    (:func:`read_snapshot` refuses them).
+    """
+    traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
+    segments = snapshot.get("segments") if isinstance(snapshot, dict) else None
+    if in_use:
+        devices = set(devices_with_history(snapshot))
+    else:
+        devices = set(range(len(traces))) if isinstance(traces, list) else set()
+    for seg in segments if isinstance(segments, list) else ():
+        device = seg.get("device", 0) if isinstance(seg, dict) else None
+        if type(device) is int and device >= 0:
+            devices.add(device)
+    return sorted(devices)
+
+
+def snapshot_name(path: str | os.PathLike[str] | None, device: int | None = None) -> str:
+    """The name of a snapshot's trace: its file's name without the last suffix, and
+    ``_dev<N>`` for recorded device N where several devices recorded history."""
+    name = os.path.basename(os.fspath(path or "snapshot")).rsplit(".", 1)[0]
+    return name if device is None else f"{name}_dev{device}"
+
+
+def devices_text(devices: list[int]) -> str:
+    """``"0, 1, 2"``, or for more than 8 devices the first four and the last with the count."""
+    if not devices:
+        return "none"
+    if len(devices) <= 8:
+        return ", ".join(map(str, devices))
+    return f"{', '.join(map(str, devices[:4]))}, ..., {devices[-1]} ({len(devices)} devices)"
+
+
+def traces_from_snapshot(snapshot: dict[str, Any], *, path: str | None = None) -> list[Trace]:
+    """Turn every device of a snapshot that recorded history into a trace, in device order.
+
+    Parameters
+    ----------
+    snapshot : dict
+        From :func:`read_snapshot`.
+    path : str, optional
+        The file it came from (for the traces' names and messages).
+
+    Returns
+    -------
+    list of Trace
+        One :func:`trace_from_snapshot` per device in :func:`devices_with_history`; with
+        several, each is named ``<file>_dev<N>`` (``trace.recording.device`` is ``N``).
+
+    Raises
+    ------
+    TraceFormatError
+        As :func:`trace_from_snapshot`, for the snapshot or any of its devices (a snapshot
+        without allocation history included).
+    """
+    devices: list[int | None] = [*devices_with_history(snapshot)]
+    # none with history: trace_from_snapshot says what is wrong
+    return [trace_from_snapshot(snapshot, device=d, path=path) for d in devices or [None]]
+
+
 def trace_from_snapshot(
     snapshot: dict[str, Any], *, device: int | None = None, path: str | None = None
 ) -> Trace:
@@ -428,7 +499,8 @@ def trace_from_snapshot(
         If the snapshot does not fit PyTorch's schema (the message names the place inside
         it), recorded no history, the device is out of range or not given where several
         devices have events, an allocation is larger than any device (2**60 bytes), or the
-        start state holds more memory than the simulated device can have.
+        start state holds more memory than the simulated device can have. For every device
+        at once: :func:`traces_from_snapshot`.
     """
     where = path or "snapshot"
     if not isinstance(snapshot, dict):
@@ -445,11 +517,15 @@ def trace_from_snapshot(
         if len(with_events) > 1:
             raise TraceFormatError(
                 f"{where}: devices {with_events} all have events; choose one "
-                "(accelrt replay --device-index N)"
+                "(accelrt replay --device-index N), or take them all with traces_from_snapshot"
             )
         device = with_events[0]
     if not 0 <= device < len(traces):
-        raise TraceFormatError(f"{where}: device index {device} is out of range [0, {len(traces)})")
+        raise TraceFormatError(
+            f"{where}: device index {device} is out of range: the snapshot has devices "
+            f"{devices_text(snapshot_devices(snapshot))}, with allocation history on "
+            f"{devices_text(with_events)}; choose one of those"
+        )
     entries = traces[device]
     try:
         totals = check_entries(entries, f"device_traces[{device}]")
@@ -497,7 +573,7 @@ def trace_from_snapshot(
     capacity = None if totals.at_oom is None else reserved_start + totals.at_oom
     start, capacity, dropped = _start_state(rewind.state(), capacity, where)
 
-    events: list[TraceEvent] = []
+    events: list[tuple[int, int, int, int]] = []  # (op, addr, size, stream)
     live = {b.address: b.requested_size for s in start for b in s.blocks if b.requested_size > 0}
     live_bytes = peak_live = sum(live.values())
     reserved = peak_reserved = reserved_start
@@ -507,13 +583,13 @@ def trace_from_snapshot(
     for entry in entries:
         action = entry["action"]
         if action == "alloc":
-            events.append(TraceEvent("alloc", entry["addr"], entry["size"], entry.get("stream", 0)))
+            events.append((OP_ALLOC, entry["addr"], entry["size"], entry.get("stream", 0)))
             live[entry["addr"]] = entry["size"]
             live_bytes += entry["size"]
             peak_live = max(peak_live, live_bytes)
             release_run = None
         elif action == "free_requested":
-            events.append(TraceEvent("free", entry["addr"], entry["size"], entry.get("stream", 0)))
+            events.append((OP_FREE, entry["addr"], entry["size"], entry.get("stream", 0)))
             live_bytes -= live.pop(entry["addr"], 0)
             release_run = None
         elif action in ("segment_alloc", "segment_map"):
@@ -525,14 +601,14 @@ def trace_from_snapshot(
             reserved -= entry["size"]
             if previous not in ("segment_free", "segment_unmap"):
                 release_run = len(events)
-                events.append(TraceEvent("empty_cache", 0, 0, 0))
+                events.append((OP_EMPTY_CACHE, 0, 0, 0))
         elif action == "oom":
             n_oom += 1
             # The request that failed: PyTorch records no alloc for it. A release run right
             # before it (with no alloc or free between) was its last retry, not empty_cache().
             # (One beyond 2**60 bytes, which no allocator takes, fails as a 2**60-byte one.)
             size = min(entry["size"], MAX_REQUEST_BYTES)
-            failed = TraceEvent("alloc", _FAILED_ADDR, size, entry.get("stream", 0))
+            failed = (OP_ALLOC, _FAILED_ADDR, size, entry.get("stream", 0))
             if release_run is not None:
                 events[release_run] = failed
             else:
@@ -556,16 +632,33 @@ def trace_from_snapshot(
         capacity_bytes=capacity,
         inconsistent_events=rewind.inconsistent + dropped,
     )
-    name = os.path.basename(path or "snapshot").rsplit(".", 1)[0]
-    header = {"name": name if len(with_events) == 1 else f"{name}_dev{device}"}
+    header = {"name": snapshot_name(path, None if len(with_events) == 1 else device)}
     return Trace(
         header=header,
-        events=TraceEvents.from_events(events),
+        events=_event_columns(events),
         path=path,
         include_host=True,
         peak_live_bytes=peak_live,
         live_at_end_bytes=live_bytes,
         recording=recording,
+    )
+
+
+def _event_columns(rows: list[tuple[int, int, int, int]]) -> TraceEvents:
+    """``(op, addr, size, stream)`` rows as columns; a stream handle in [2**63, 2**64) is
+    stored as the int64 with the same bits (as ``TraceEvents.from_events`` does)."""
+    if not rows:
+        return TraceEvents.from_events(())
+    ops, addrs, sizes, streams = zip(*rows, strict=True)
+    try:
+        stream = np.array(streams, dtype=np.int64)
+    except OverflowError:
+        stream = np.array([_signed(s) for s in streams], dtype=np.int64)
+    return TraceEvents(
+        np.array(ops, dtype=np.int8),
+        np.array(addrs, dtype=np.int64),
+        np.array(sizes, dtype=np.int64),
+        stream,
     )
 
 

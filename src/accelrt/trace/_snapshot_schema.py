@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from ..memory._config import AllocatorConfig
 from ..memory._policy import MAX_REQUEST_BYTES
 from ._format import TraceFormatError
-from ._plain_pickle import describe, load_plain_pickle, one_line
+from ._plain_pickle import ByteProgress, describe, load_plain_pickle, one_line
 
 __all__ = [
     "ADDR_ACTIONS",
@@ -36,13 +36,22 @@ ADDR_ACTIONS = frozenset(("alloc", "free_requested", "free_completed", *SEGMENT_
 """Trace entries with an ``addr`` and a ``size``; of the others only ``oom`` is read."""
 
 
-def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+_READ_PIECE = 16 << 20
+"""Bytes read at a time where progress is reported."""
+
+
+def read_snapshot(
+    path: str | os.PathLike[str], *, progress: ByteProgress | None = None
+) -> dict[str, Any]:
     """Read a PyTorch memory snapshot pickle without running any code, and check it.
 
     Parameters
     ----------
     path : str or path-like
         A file written by ``torch.cuda.memory._dump_snapshot`` or ``accelrt.dump_snapshot``.
+    progress : callable, optional
+        ``progress(phase, done, total)`` as the file's bytes are read (``"reading"``),
+        checked (``"checking"``) and decoded (``"decoding"``), about every megabyte.
 
     Returns
     -------
@@ -61,14 +70,26 @@ def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     name = os.fspath(path)
     with open(path, "rb") as f:
-        data = f.read()
-    snapshot = load_plain_pickle(data, name)
+        if progress is None:
+            data = f.read()
+        else:
+            total = os.fstat(f.fileno()).st_size
+            pieces, done = [], 0
+            while piece := f.read(_READ_PIECE):
+                pieces.append(piece)
+                done += len(piece)
+                progress("reading", done, max(total, done))
+            data = b"".join(pieces)
+            del pieces
+    snapshot = load_plain_pickle(data, name, progress=progress)
     if not isinstance(snapshot, dict) or "segments" not in snapshot:
         raise TraceFormatError(
             f"{name}: not a PyTorch memory snapshot (expected a dict with 'segments' and "
             f"'device_traces'; got {type(snapshot).__name__})"
         )
-    check_snapshot(snapshot, name, budget=len(data))
+    budget = len(data)
+    del data  # the decoded snapshot is what is kept
+    check_snapshot(snapshot, name, budget=budget)
     snapshot.setdefault("device_traces", [])
     return snapshot
 

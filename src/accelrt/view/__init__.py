@@ -15,7 +15,8 @@ The picture of a trace has three parts:
   segment map of the replay, segments labelled with address and size, blocks with their state,
   size and stack.
 
-The HTML page is self-contained (inline script, canvas, no network). Data comes from a trace
+The HTML page is self-contained (inline script, canvas, no network); :func:`render_pages` puts
+several pictures (one per recorded device) in one page, a section each. Data comes from a trace
 and optionally a replay that already ran (:func:`view_of_trace`, captured at
 :func:`picture_moments`) or from a snapshot (:func:`view_of_snapshot`, which replays its
 history once when it has one).
@@ -24,6 +25,7 @@ history once when it has one).
 from __future__ import annotations
 
 from ._forensics import diff_text as diff_text
+from ._forensics import end_state_text as end_state_text
 from ._forensics import forensics_text as forensics_text
 from ._model import (
     DEFAULT_MOMENTS as DEFAULT_MOMENTS,
@@ -32,7 +34,16 @@ from ._model import (
     LiveGroup as LiveGroup,
 )
 from ._model import (
+    RecordedDetails as RecordedDetails,
+)
+from ._model import (
+    SnapshotPicture as SnapshotPicture,
+)
+from ._model import (
     View as View,
+)
+from ._model import (
+    end_state_view as end_state_view,
 )
 from ._model import (
     live_groups as live_groups,
@@ -41,12 +52,19 @@ from ._model import (
     picture_moments as picture_moments,
 )
 from ._model import (
+    recorded_details as recorded_details,
+)
+from ._model import (
+    snapshot_details as snapshot_details,
+)
+from ._model import (
     view_of_snapshot as view_of_snapshot,
 )
 from ._model import (
     view_of_trace as view_of_trace,
 )
 from ._render import render_html as render_html
+from ._render import render_pages as render_pages
 from ._render import render_png as render_png
 from ._render import segment_text as segment_text
 from ._stacks import CleanStack as CleanStack
@@ -56,15 +74,22 @@ __all__ = [
     "DEFAULT_MOMENTS",
     "CleanStack",
     "LiveGroup",
+    "RecordedDetails",
+    "SnapshotPicture",
     "View",
     "clean_stack",
     "diff_text",
+    "end_state_text",
+    "end_state_view",
     "forensics_text",
     "live_groups",
     "picture_moments",
+    "recorded_details",
     "render_html",
+    "render_pages",
     "render_png",
     "segment_text",
+    "snapshot_details",
     "view_of_snapshot",
     "view_of_trace",
 ]

@@ -12,7 +12,7 @@ from ._model import View, live_groups
 if TYPE_CHECKING:
     from ..replay import ReplayReport
 
-__all__ = ["diff_text", "forensics_text"]
+__all__ = ["diff_text", "end_state_text", "forensics_text"]
 
 
 def _event(view: View, state: int) -> str:
@@ -73,6 +73,71 @@ def forensics_text(view: View, *, width: int = 100, limit: int = 10) -> str:
                 f"{sum(g.count for g in groups)} allocations, by {what}"
             )
             out.append(format_live_groups(title, rows, int(totals[state]), width=width))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def end_state_text(view: View, *, width: int = 100, limit: int = 10) -> str:
+    """What a snapshot recorded without allocation history holds, as text.
+
+    Parameters
+    ----------
+    view : View
+        Of such a snapshot (:func:`end_state_view`; ``view.history`` False).
+    width : int
+        The widest line.
+    limit : int
+        Groups in the table of what was live.
+
+    Returns
+    -------
+    str
+        Plain text ending in a newline: that nothing over time was recorded; the segments,
+        reserved bytes and the allocated, pending-free and free (cached) blocks of the end
+        state, with the free bytes that ``empty_cache()`` cannot release (in segments that
+        also hold allocated blocks); what was allocated at the end by stack frame.
+    """
+    segments = view.moments[0]["segments"] if view.moments else []
+    count, held = [0, 0, 0, 0], [0, 0, 0, 0]
+    largest_free = split_free = split_count = 0
+    for _address, _size, _stream, _expandable, blocks in segments:
+        in_use = any(code in (0, 1) for _, code, _ in blocks)
+        for nbytes, code, _owner in blocks:
+            count[code] += 1
+            held[code] += nbytes
+            if code == 2:
+                largest_free = max(largest_free, nbytes)
+                split_free += nbytes if in_use else 0
+                split_count += in_use
+    reserved = sum(s[1] for s in segments)
+    out = textwrap.wrap(
+        "No allocation history was recorded (torch.cuda.memory._record_memory_history() was "
+        "not running), so there are no events, peaks or OOMs: the snapshot holds the "
+        "allocator's state at the end.",
+        width,
+    )
+    out += ["", f"End state: {len(segments)} segments, {format_bytes(reserved)} reserved"]
+    rows = [
+        ("allocated", 0, f" (requested {format_bytes(int(view.size.sum()))})"),
+        ("pending free", 1, ""),
+        ("free (cached)", 2, f" (largest block {format_bytes(largest_free)})"),
+    ]
+    if count[3]:
+        rows.append(("unmapped", 3, ""))
+    for label, code, extra in rows:
+        out.append(f"  {label:<14}{count[code]:>8} blocks {format_bytes(held[code]):>12}{extra}")
+    if split_free:
+        out += textwrap.wrap(
+            f"{format_bytes(split_free)} of the free bytes are in {split_count} blocks of "
+            "segments that also hold allocated blocks: empty_cache() cannot release them.",
+            width,
+            initial_indent="  ",
+            subsequent_indent="  ",
+        )
+    out.append("")
+    live = int(view.size.sum())
+    rows_live = [(g.key, g.bytes, g.count) for g in live_groups(view, 0, "frame", limit)]
+    title = f"Allocated at the end: {format_bytes(live)} in {len(view.size)} blocks, by stack frame"
+    out.append(format_live_groups(title, rows_live, live, width=width))
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -12,17 +12,20 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import operator
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .._gc import collector_paused
 from .._units import format_bytes
 from ..memory._history import SegmentInfo
+from ..trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, _signed
 from ..trace._format import Trace
 from ..trace._snapshot import devices_with_history, trace_from_snapshot
 from ..trace._snapshot_schema import read_snapshot
@@ -37,9 +40,14 @@ __all__ = [
     "EVENT_FREE",
     "EVENT_OOM",
     "LiveGroup",
+    "RecordedDetails",
+    "SnapshotPicture",
     "View",
+    "end_state_view",
     "live_groups",
     "picture_moments",
+    "recorded_details",
+    "snapshot_details",
     "view_of_snapshot",
     "view_of_trace",
 ]
@@ -49,6 +57,7 @@ DEFAULT_MOMENTS = 240
 every OOM)."""
 EVENT_ALLOC, EVENT_FREE, EVENT_EMPTY_CACHE, EVENT_OOM = 0, 1, 2, 3
 _STATE_CODES = {"active_allocated": 0, "active_pending_free": 1, "inactive": 2}
+_BY_ADDRESS = operator.itemgetter("address")
 _FAILED_ADDR = 0
 Int64Array = npt.NDArray[np.int64]
 
@@ -107,6 +116,9 @@ class View:
         Where the segment maps come from (a replay and its settings), empty if none.
     notes : list of str
         Why the drawn segment maps may differ from what the recorded program had.
+    history : bool
+        False for a snapshot recorded without allocation history: no events, the end state's
+        allocated blocks as allocations live at state 0 and its segment map as the one moment.
     """
 
     title: str
@@ -127,6 +139,7 @@ class View:
     moments: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    history: bool = True
 
     def totals(self) -> Int64Array:
         """Live requested bytes at each state (``events + 1`` values)."""
@@ -228,11 +241,21 @@ def live_groups(view: View, state: int, by: str = "frame", limit: int = 20) -> l
     return groups
 
 
-def _failed_events(trace: Trace) -> list[int]:
+def _failed_events(trace: Trace) -> Int64Array:
     """Event indices of a recording's failed requests (its ``oom`` entries)."""
     if trace.recording is None or not trace.recording.num_ooms:
-        return []
-    return [i for i, e in enumerate(trace.events) if e[0] == "alloc" and e[1] == _FAILED_ADDR]
+        return np.zeros(0, dtype=np.int64)
+    events = trace.events
+    return np.flatnonzero((events.op == OP_ALLOC) & (events.addr == _FAILED_ADDR))
+
+
+def _allocating(trace: Trace) -> npt.NDArray[np.bool_]:
+    """Per event: whether it makes an allocation of the picture (an alloc of some bytes that
+    did not fail)."""
+    events = trace.events
+    mask: npt.NDArray[np.bool_] = (events.op == OP_ALLOC) & (events.size != 0)
+    mask[_failed_events(trace)] = False
+    return mask
 
 
 def picture_moments(trace: Trace, moments: int = DEFAULT_MOMENTS) -> list[int]:
@@ -261,54 +284,76 @@ def picture_moments(trace: Trace, moments: int = DEFAULT_MOMENTS) -> list[int]:
     """
     if moments < 1:
         raise ValueError(f"moments must be at least 1, got {moments}")
-    n_events = len(trace.events)
+    events = trace.events
+    n_events = len(events)
     if n_events == 0:
         return [-1]
     step = max(1, n_events // moments)
     chosen = {*range(step - 1, n_events, step), n_events - 1, -1}
-    live: dict[int, int] = {}
-    now = peak = 0
-    peak_at = -1
-    failed = set(_failed_events(trace))
-    for i, (action, addr, size, _stream) in enumerate(trace.events):
-        if action == "alloc" and i not in failed:
-            live[addr] = size
-            now += size
-            if now > peak:
-                peak, peak_at = now, i
-        elif action == "free":
-            now -= live.pop(addr, 0)
-    chosen.add(peak_at)
-    chosen.update(failed)
+    failed = _failed_events(trace)
+    ops = events.op.copy()
+    ops[failed] = OP_EMPTY_CACHE  # a failed request allocates nothing
+    walk = np.flatnonzero(ops != OP_EMPTY_CACHE)
+    frees = ops[walk] == OP_FREE
+    sizes = events.size[walk]
+    partner = _freed(events.addr[walk], frees)
+    change = np.where(frees, 0, sizes)
+    has = partner >= 0
+    change[has] = -sizes[partner[has]]
+    live = np.cumsum(change)
+    if len(live) and live.max() > 0:
+        chosen.add(int(walk[np.argmax(live)]))  # the first event at the peak
+    chosen.update(failed.tolist())
     return sorted(chosen)
+
+
+def _freed(addr: Int64Array, frees: npt.NDArray[np.bool_]) -> Int64Array:
+    """Per item of a sequence of allocations and frees (``frees``) of addresses ``addr``: for a
+    free, the position of the allocation it frees, the latest of its address before it if no
+    free of that address came between (as a dict of live addresses has it); else -1."""
+    order = np.argsort(addr, kind="stable")
+    by_addr, is_free = addr[order], frees[order]
+    hit = is_free[1:] & ~is_free[:-1] & (by_addr[1:] == by_addr[:-1])
+    out = np.full(len(addr), -1, dtype=np.int64)
+    out[order[1:][hit]] = order[:-1][hit]
+    return out
 
 
 # --------------------------------------------------------------------------- building
 
 
-class _Builder:
-    """Turns events into allocation columns, interning stacks and ops."""
+class _Stacks:
+    """The distinct recorded stacks of a picture, each cleaned once (:func:`clean_stack`).
 
-    def __init__(self, n_events: int) -> None:
-        self.start: list[int] = []
-        self.end: list[int] = []
-        self.size: list[int] = []
-        self.addr: list[int] = []
-        self.stream: list[int] = []
-        self.stack: list[int] = []
-        self.op: list[int] = []
-        self.kind = np.zeros(n_events, dtype=np.int64)
-        self.alloc_of = np.full(n_events, -1, dtype=np.int64)
+    A stack is found first among the stacks seen with the same length and the same frame
+    dicts at a quarter, half and three quarters of the way (PyTorch's pickles hold one dict
+    per distinct frame, shared by every stack it is in, so comparing two equal stacks is a
+    walk of identical pointers), then by the frames' names, files and lines. The identities
+    stay valid while the frames are alive: an instance lives no longer than what it reads.
+    """
+
+    def __init__(self) -> None:
         self.stacks: list[CleanStack] = []
-        self.ops: list[str] = []
-        self._stack_ids: dict[Any, int] = {}
-        self._op_ids: dict[str, int] = {}
-        self.live: dict[int, int] = {}
-        self.n_events = n_events
+        self._by_frames: dict[Any, int] = {}
+        self._seen: dict[tuple[int, ...], list[tuple[list[Any], int]]] = {}
 
-    def stack_id(self, frames: Any) -> int:
+    def intern(self, frames: Any) -> int:
+        """The index in ``stacks`` of the stack of ``frames`` (added if new); -1 for none."""
         if not isinstance(frames, list) or not frames:
             return -1
+        n = len(frames)
+        key = (n, id(frames[n >> 2]), id(frames[n >> 1]), id(frames[-1 - (n >> 2)]))
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._seen[key] = []
+        for known, ident in seen:
+            if known == frames:
+                return ident
+        ident = self._by_content(frames)
+        seen.append((frames, ident))
+        return ident
+
+    def _by_content(self, frames: list[Any]) -> int:
         try:
             key: Any = tuple(
                 (f.get("name"), f.get("filename"), f.get("line")) for f in frames if type(f) is dict
@@ -316,52 +361,194 @@ class _Builder:
             hash(key)
         except TypeError:
             key = id(frames)
-        ident = self._stack_ids.get(key)
+        ident = self._by_frames.get(key)
         if ident is None:
-            ident = self._stack_ids[key] = len(self.stacks)
-            self.stacks.append(clean_stack(frames))
+            ident = self._by_frames[key] = self.add(frames)
         return ident
 
-    def op_id(self, op: Any) -> int:
-        if not isinstance(op, str) or not op:
-            return -1
-        ident = self._op_ids.get(op)
-        if ident is None:
-            ident = self._op_ids[op] = len(self.ops)
-            self.ops.append(op[:200])
-        return ident
+    def add(self, frames: Any) -> int:
+        """Add the stack of ``frames`` as a stack of its own; return its index."""
+        self.stacks.append(clean_stack(frames))
+        return len(self.stacks) - 1
 
-    def add(self, start: int, size: int, addr: int, stream: int, stack: int, op: int) -> int:
-        index = len(self.start)
-        self.start.append(start)
-        self.end.append(self.n_events + 1)
-        self.size.append(size)
-        self.addr.append(addr)
-        self.stream.append(stream)
-        self.stack.append(stack)
-        self.op.append(op)
-        return index
 
-    def view(self, title: str, times: Sequence[float] | None) -> View:
-        def col(values: list[int]) -> Int64Array:
-            return np.asarray(values, dtype=np.int64).reshape(-1)
+@dataclass(frozen=True)
+class RecordedDetails:
+    """What the picture of a snapshot's device takes from its entries and end segments.
 
-        return View(
-            title=title,
-            events=self.n_events,
-            start=col(self.start),
-            end=col(self.end),
-            size=col(self.size),
-            addr=col(self.addr),
-            stream=col(self.stream),
-            stack=col(self.stack),
-            op=col(self.op),
-            event_kind=self.kind,
-            event_alloc=self.alloc_of,
-            times=None if times is None else np.asarray(times, dtype=np.float64),
-            stacks=self.stacks,
-            ops=self.ops,
-        )
+    Made by :func:`recorded_details` (or :func:`snapshot_details`) before the history is
+    replayed, so that the entries, a dict each and most of a decoded snapshot's memory, need
+    not be kept while the replay and the picture are made.
+
+    Attributes
+    ----------
+    stacks : list of CleanStack
+        The distinct stacks of the blocks live at the start, of the allocations, then (one
+        each) of the recorded OOMs' requests.
+    start_stack : numpy.ndarray of int64
+        Per block live at the start, in ``trace.recording.start_segments`` order: the stack the
+        end state shows at its address (an index into ``stacks``), -1 for none.
+    event_stack : numpy.ndarray of int64
+        Per event: the stack of the allocation it makes, -1 for none.
+    times : numpy.ndarray of float64 or None
+        Per event: microseconds since the first, where every event's entry has ``time_us``.
+    ooms : list of dict
+        Per recorded ``oom`` entry, in order: ``{"size", "free" (bytes or None), "reserved"
+        (what PyTorch held then), "stack" (index or -1)}``.
+    """
+
+    stacks: list[CleanStack]
+    start_stack: Int64Array
+    event_stack: Int64Array
+    times: npt.NDArray[np.float64] | None
+    ooms: list[dict[str, Any]]
+
+
+def _start_blocks(trace: Trace) -> list[tuple[int, int, int]]:
+    """``(address, requested bytes, stream)`` of each block live when recording began."""
+    segments = trace.recording.start_segments if trace.recording is not None else ()
+    return [
+        (b.address, b.requested_size, s.stream)
+        for s in segments
+        for b in s.blocks
+        if b.requested_size > 0
+    ]
+
+
+def recorded_details(
+    trace: Trace,
+    entries: Sequence[Any] | None = None,
+    end_segments: Sequence[dict[str, Any]] = (),
+) -> RecordedDetails:
+    """Take what a picture shows from a snapshot device's entries and end segments.
+
+    Parameters
+    ----------
+    trace : Trace
+        The device's trace (:func:`~accelrt.trace._snapshot.trace_from_snapshot`).
+    entries : sequence of dict, optional
+        The snapshot's ``device_traces[i]`` for the device: stacks, timestamps, recorded OOMs.
+    end_segments : sequence of dict, optional
+        The snapshot's segments of the device: the stacks of blocks live since before
+        recording began.
+
+    Returns
+    -------
+    RecordedDetails
+        Nothing in it refers to ``entries`` or ``end_segments``.
+    """
+    stacks = _Stacks()
+    end_frames = {
+        blk["address"]: blk.get("frames")
+        for seg in end_segments
+        for blk in seg.get("blocks", ())
+        if isinstance(blk, dict) and blk.get("state") == "active_allocated"
+    }
+    start_stack = [stacks.intern(end_frames.get(address)) for address, _, _ in _start_blocks(trace)]
+    n_events = len(trace.events)
+    event_stack = np.full(n_events, -1, dtype=np.int64)
+    times = None
+    per_event = _entries_by_event(entries, n_events) if entries is not None else None
+    if per_event is not None:
+        rows = np.flatnonzero(_allocating(trace)).tolist()
+        event_stack[rows] = [stacks.intern(per_event[i].get("frames")) for i in rows]
+        times = _times([e.get("time_us") for e in per_event], 1.0)
+    ooms = []
+    if entries is not None and trace.recording is not None and trace.recording.num_ooms:
+        ooms = _recorded_ooms(entries, trace.recording.reserved_at_start_bytes, stacks)
+    return RecordedDetails(
+        stacks.stacks, np.asarray(start_stack, dtype=np.int64), event_stack, times, ooms
+    )
+
+
+def snapshot_details(snapshot: dict[str, Any], trace: Trace) -> RecordedDetails:
+    """The :func:`recorded_details` of the device of ``trace`` in ``snapshot``.
+
+    Parameters
+    ----------
+    snapshot : dict
+        A snapshot (:func:`~accelrt.trace._snapshot_schema.read_snapshot`).
+    trace : Trace
+        One of its devices' traces; without a recording (not a snapshot's), no details.
+
+    Returns
+    -------
+    RecordedDetails
+    """
+    if trace.recording is None:
+        return recorded_details(trace)
+    device = trace.recording.device
+    return recorded_details(
+        trace,
+        snapshot["device_traces"][device],
+        [s for s in snapshot["segments"] if s.get("device", 0) == device],
+    )
+
+
+def _entries_by_event(entries: Sequence[Any], n_events: int) -> list[Any] | None:
+    """The snapshot entry behind each trace event (as ``trace_from_snapshot`` made them), or
+    None where they do not line up with the ``n_events`` events."""
+    out: list[Any] = []
+    previous = ""
+    release_run: int | None = None
+    for entry in entries:
+        if type(entry) is not dict:
+            continue
+        action = entry.get("action")
+        if action in ("alloc", "free_requested"):
+            out.append(entry)
+            release_run = None
+        elif action in ("segment_free", "segment_unmap"):
+            if previous not in ("segment_free", "segment_unmap"):
+                release_run = len(out)
+                out.append(entry)
+        elif action == "oom":
+            if release_run is not None:
+                out[release_run] = entry
+            else:
+                out.append(entry)
+            release_run = None
+        previous = str(action)
+    return out if len(out) == n_events else None
+
+
+def _times(values: list[Any], scale: float) -> npt.NDArray[np.float64] | None:
+    """``values`` (timestamps) less the first, times ``scale``; None unless all are numbers."""
+    if not values:
+        return None
+    if not {type(v) for v in values} <= {int, float} and not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
+        return None
+    times = np.asarray(values, dtype=np.float64)
+    since: npt.NDArray[np.float64] = (times - times[0]) * scale
+    return since
+
+
+def _recorded_ooms(entries: Sequence[Any], reserved: int, stacks: _Stacks) -> list[dict[str, Any]]:
+    """The snapshot's ``oom`` entries with the reserved bytes PyTorch held then, starting from
+    ``reserved`` when recording began; each request's stack added to ``stacks``."""
+    ooms = []
+    for entry in entries:
+        if type(entry) is not dict:
+            continue
+        action = entry.get("action")
+        if action in ("segment_alloc", "segment_map"):
+            reserved += int(entry.get("size", 0))
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= int(entry.get("size", 0))
+        elif action == "oom":
+            free = entry.get("device_free")
+            frames = entry.get("frames")
+            ooms.append(
+                {
+                    "size": int(entry.get("size", 0)),
+                    "free": free if isinstance(free, int) else None,
+                    "reserved": reserved,
+                    "stack": stacks.add(frames) if frames else -1,  # the failed request's own
+                }
+            )
+    return ooms
 
 
 def _jsonl_extras(trace: Trace) -> tuple[list[Any], list[Any]] | None:
@@ -406,133 +593,148 @@ def _jsonl_extras(trace: Trace) -> tuple[list[Any], list[Any]] | None:
     return ops, times
 
 
-def _snapshot_entries_by_event(trace: Trace, entries: list[Any]) -> list[Any] | None:
-    """The snapshot entry behind each trace event (as ``trace_from_snapshot`` made them)."""
-    out: list[Any] = []
-    previous = ""
-    release_run: int | None = None
-    for entry in entries:
-        if type(entry) is not dict:
-            continue
-        action = entry.get("action")
-        if action in ("alloc", "free_requested"):
-            out.append(entry)
-            release_run = None
-        elif action in ("segment_free", "segment_unmap"):
-            if previous not in ("segment_free", "segment_unmap"):
-                release_run = len(out)
-                out.append(entry)
-        elif action == "oom":
-            if release_run is not None:
-                out[release_run] = entry
-            else:
-                out.append(entry)
-            release_run = None
-        previous = str(action)
-    return out if len(out) == len(trace.events) else None
-
-
-def _time_us(entries: list[Any], scale: float) -> list[float] | None:
-    values: list[float] = []
-    for e in entries:
-        v = e.get("time_us") if isinstance(e, dict) else e
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            return None
-        values.append(float(v))
-    first = values[0] if values else 0.0
-    return [(v - first) * scale for v in values] or None
-
-
-def _build(trace: Trace, entries: list[Any] | None, end_blocks: dict[int, Any]) -> View:
+def _build(trace: Trace, details: RecordedDetails | None) -> View:
+    """The allocation columns of ``trace``; stacks and times from ``details`` (a snapshot's)
+    or, for a JSONL trace, ops and times read again from its file."""
     events = trace.events
-    b = _Builder(len(events))
-    failed = set(_failed_events(trace))
-    per_event = _snapshot_entries_by_event(trace, entries) if entries is not None else None
-    extras = _jsonl_extras(trace) if per_event is None else None
-    if trace.recording is not None:  # blocks live when recording began, from state 0
-        for seg in trace.recording.start_segments:
-            for blk in seg.blocks:
-                if blk.requested_size > 0:
-                    frames = end_blocks.get(blk.address)
-                    stack = b.stack_id(frames) if frames is not None else -1
-                    b.live[blk.address] = b.add(
-                        0, blk.requested_size, blk.address, seg.stream, stack, -1
-                    )
-    pre_live = len(b.start)
-    ops = extras[0] if extras is not None else None
-    zero: set[int] = set()
-    for i, (action, addr, size, stream) in enumerate(events):
-        if action == "alloc":
-            if i in failed:
-                b.kind[i] = EVENT_OOM
-                continue
-            b.kind[i] = EVENT_ALLOC
-            if size == 0:
-                zero.add(addr)
-                continue
-            entry = per_event[i] if per_event is not None else None
-            stack = b.stack_id(entry.get("frames")) if entry is not None else -1
-            op = b.op_id(ops[i]) if ops is not None else -1
-            index = b.add(i + 1, size, addr, stream, stack, op)
-            b.live[addr] = index
-            b.alloc_of[i] = index
-        elif action == "free":
-            b.kind[i] = EVENT_FREE
-            index = b.live.pop(addr, -1)
-            if index < 0:
-                zero.discard(addr)
-                continue
-            b.end[index] = i + 1
-            b.alloc_of[i] = index
-        else:
-            b.kind[i] = EVENT_EMPTY_CACHE
-    for index in range(pre_live):  # a stack from the end state is only right if never freed
-        if b.end[index] != len(events) + 1:
-            b.stack[index] = -1
-    times: list[float] | None = None
-    if per_event is not None:
-        times = _time_us(per_event, 1.0)
-    elif extras is not None and all(t is not None for t in extras[1]):
-        times = _time_us(extras[1], 1e-3)  # record_torch: ns
-    return b.view(trace.name, times)
+    n_events = len(events)
+    start_blocks = _start_blocks(trace)
+    pre_live = len(start_blocks)
+    if details is not None and (
+        len(details.event_stack) != n_events or len(details.start_stack) != pre_live
+    ):
+        raise ValueError("the recorded details are of another trace: make them from this one")
+    kind = np.full(n_events, EVENT_EMPTY_CACHE, dtype=np.int64)
+    kind[events.op == OP_ALLOC] = EVENT_ALLOC
+    kind[events.op == OP_FREE] = EVENT_FREE
+    kind[_failed_events(trace)] = EVENT_OOM
+    allocating = _allocating(trace)
+    new = np.flatnonzero(allocating)
+    count = pre_live + len(new)
+    alloc_of = np.full(n_events, -1, dtype=np.int64)
+    alloc_of[new] = np.arange(pre_live, count)
+    # an allocation lives until the free of its address (a block live when recording began:
+    # an allocation before the first event)
+    walk = np.flatnonzero(allocating | (events.op == OP_FREE))
+    partner = _freed(
+        np.concatenate([np.asarray([a for a, _, _ in start_blocks], np.int64), events.addr[walk]]),
+        np.concatenate([np.zeros(pre_live, dtype=np.bool_), events.op[walk] == OP_FREE]),
+    )
+    releases = np.flatnonzero(partner >= 0)
+    freed = np.concatenate([np.arange(pre_live), alloc_of[walk]])[partner[releases]]
+    freeing = walk[releases - pre_live]
+    ends = np.full(count, n_events + 1, dtype=np.int64)
+    ends[freed] = freeing + 1
+    alloc_of[freeing] = freed
+
+    def column(before: list[int], values: Any) -> Int64Array:
+        return np.concatenate([np.asarray(before, dtype=np.int64), values]).astype(np.int64)
+
+    stack = np.full(count, -1, dtype=np.int64)
+    op = np.full(count, -1, dtype=np.int64)
+    stacks: list[CleanStack] = []
+    ops: list[str] = []
+    times = None
+    if details is not None:
+        stacks = list(details.stacks)
+        stack = column(details.start_stack.tolist(), details.event_stack[new])
+        stack[:pre_live][ends[:pre_live] != n_events + 1] = -1  # the end state's stack is
+        times = details.times  # only right for a block never freed
+    else:
+        extras = _jsonl_extras(trace)
+        if extras is not None:
+            op[pre_live:] = _op_ids([extras[0][i] for i in new.tolist()], ops)
+            if all(t is not None for t in extras[1]):
+                times = _times(extras[1], 1e-3)  # record_torch: ns
+    return View(
+        title=trace.name,
+        events=n_events,
+        start=column([0] * pre_live, new + 1),
+        end=ends,
+        size=column([s for _, s, _ in start_blocks], events.size[new]),
+        addr=column([a for a, _, _ in start_blocks], events.addr[new]),
+        stream=column([s for _, _, s in start_blocks], events.stream[new]),
+        stack=stack,
+        op=op,
+        event_kind=kind,
+        event_alloc=alloc_of,
+        times=times,
+        stacks=stacks,
+        ops=ops,
+    )
 
 
-def _moment(
-    view: View, state: int, segments: Sequence[SegmentInfo] | Sequence[dict[str, Any]]
-) -> dict[str, Any]:
-    """One segment map, its allocated blocks tied to the allocations live at ``state``."""
-    live = view.live_at(state)
-    by_addr = {a: i for a, i in zip(view.addr[live].tolist(), live.tolist(), strict=True)}
-    by_size: dict[int, list[int]] = defaultdict(list)
-    for i, size in zip(live.tolist(), view.size[live].tolist(), strict=True):
-        by_size[size].append(i)
-    used: set[int] = set()
+def _op_ids(names: list[Any], ops: list[str]) -> list[int]:
+    """Per allocation, the index of its op in ``ops`` (added in order of first use, cut to 200
+    characters), -1 for none."""
+    index: dict[str, int] = {}
     out = []
-    for seg in sorted(segments, key=lambda s: s["address"]):
-        blocks = []
-        for blk in seg["blocks"]:
-            code = _STATE_CODES.get(blk["state"], 2)
-            if code == 2 and blk.get("requested_size", 0) < 0:
-                code = 3
-            owner = -1
-            if code != 2:
+    for name in names:
+        if not isinstance(name, str) or not name:
+            out.append(-1)
+            continue
+        ident = index.get(name)
+        if ident is None:
+            ident = index[name] = len(ops)
+            ops.append(name[:200])
+        out.append(ident)
+    return out
+
+
+class _Moments:
+    """Turns captured segment maps into the page's moments, allocated blocks tied to the
+    allocations live then; a segment unchanged since the moment before is shared with it."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.sizes = view.size.tolist()
+        self.previous: dict[int, list[Any]] = {}
+
+    def moment(
+        self, state: int, segments: Sequence[SegmentInfo] | Sequence[dict[str, Any]]
+    ) -> dict[str, Any]:
+        view, sizes = self.view, self.sizes
+        live = view.live_at(state)
+        by_addr = dict(zip(view.addr[live].tolist(), live.tolist(), strict=True))
+        by_size: dict[int, list[int]] | None = None  # made when an address does not match
+        used: set[int] = set()
+        out = []
+        shown: dict[int, list[Any]] = {}
+        code_of, owner_at = _STATE_CODES.get, by_addr.get
+        for seg in sorted(segments, key=_BY_ADDRESS):
+            blocks: list[list[int]] = []
+            add = blocks.append
+            for blk in seg["blocks"]:
+                code = code_of(blk["state"], 2)
                 requested = blk.get("requested_size", 0)
-                owner = by_addr.get(blk["address"], -1)
-                if owner < 0 or owner in used or int(view.size[owner]) != requested:
+                if code == 2:
+                    if requested >= 0:
+                        add([blk["size"], 2, -1])  # free
+                        continue
+                    code = 3  # unmapped
+                owner = owner_at(blk["address"], -1)
+                if owner < 0 or owner in used or sizes[owner] != requested:
+                    if by_size is None:
+                        by_size = defaultdict(list)
+                        for i in live.tolist():
+                            by_size[sizes[i]].append(i)
                     owner = next((i for i in by_size.get(requested, ()) if i not in used), -1)
                 if owner >= 0:
                     used.add(owner)
-            blocks.append([blk["size"], code, owner])
-        out.append(
-            [
+                add([blk["size"], code, owner])
+            row = [
                 seg["address"],
                 seg["total_size"],
                 seg.get("stream", 0),
                 int(bool(seg.get("is_expandable"))),
                 blocks,
             ]
-        )
-    return {"state": state, "segments": out}
+            before = self.previous.get(row[0])
+            row = before if before == row else row
+            shown[row[0]] = row
+            out.append(row)
+        self.previous = shown
+        return {"state": state, "segments": out}
 
 
 def view_of_trace(
@@ -542,6 +744,7 @@ def view_of_trace(
     title: str | None = None,
     entries: list[dict[str, Any]] | None = None,
     end_segments: Sequence[dict[str, Any]] = (),
+    details: RecordedDetails | None = None,
 ) -> View:
     """Build the picture of a trace and, optionally, of a replay of it that already ran.
 
@@ -560,6 +763,9 @@ def view_of_trace(
         A snapshot's ``device_traces[i]``: stacks, timestamps and recorded OOMs.
     end_segments : sequence of dict, optional
         A snapshot's segments of that device: stacks of blocks live since before recording.
+    details : RecordedDetails, optional
+        What :func:`recorded_details` took from ``entries`` and ``end_segments`` already
+        (then neither is read): the entries need not be kept while the replay runs.
 
     Returns
     -------
@@ -568,27 +774,46 @@ def view_of_trace(
     Raises
     ------
     ValueError
-        If ``report`` captured no segment map.
+        If ``report`` captured no segment map, or ``details`` are of another trace.
     """
     if report is not None and not report.segment_maps:
         raise ValueError(
             "the replay captured no segment map: run it with capture_at=picture_moments(trace)"
         )
-    end_blocks = {
-        blk["address"]: blk.get("frames")
-        for seg in end_segments
-        for blk in seg.get("blocks", ())
-        if isinstance(blk, dict) and blk.get("state") == "active_allocated"
-    }
-    view = _build(trace, entries, end_blocks)
-    if title:
-        view.title = title
-    totals = view.totals()
-    recording = trace.recording
-    if entries is not None and recording is not None:
-        _recorded_ooms(view, trace, entries, totals)
-    if report is None:
-        return view
+    if details is None and (entries is not None or end_segments):
+        details = recorded_details(trace, entries, end_segments)
+    with collector_paused():  # no cycles among the columns and moments made here
+        view = _build(trace, details)
+        if title:
+            view.title = title
+        totals = view.totals()
+        if details is not None:
+            failed = np.flatnonzero(view.event_kind == EVENT_OOM).tolist()
+            # the n-th oom entry is the n-th failed request
+            for event, oom in zip(failed, details.ooms, strict=False):
+                view.ooms.append(
+                    {
+                        "event": event,
+                        "size": oom["size"],
+                        "free": oom["free"],
+                        "reserved": oom["reserved"],
+                        "live": int(totals[event]),
+                        "stack": oom["stack"],
+                        "source": "recorded",
+                    }
+                )
+        if report is None:
+            return view
+        _add_replayed_ooms(view, report, totals)
+        moments = _Moments(view)
+        view.moments = [moments.moment(i + 1, m) for i, m in sorted(report.segment_maps.items())]
+    view.source = f"replay on {report.device} with {report.config}"
+    view.notes = _replay_notes(report, trace)
+    return view
+
+
+def _add_replayed_ooms(view: View, report: ReplayReport, totals: Int64Array) -> None:
+    """Add the OOMs of the replay that the recording does not list, in event order."""
     for oom in report.ooms:
         if view.event_kind[oom.event] == EVENT_OOM:
             continue  # a recorded OOM the replay also hit: listed once, as recorded
@@ -610,51 +835,6 @@ def view_of_trace(
         if listed["source"] == "recorded":
             listed["replayed"] = listed["event"] in replayed
     view.ooms.sort(key=lambda o: o["event"])
-    view.moments = [_moment(view, i + 1, maps) for i, maps in sorted(report.segment_maps.items())]
-    view.source = f"replay on {report.device} with {report.config}"
-    view.notes = _replay_notes(report, trace)
-    return view
-
-
-def _recorded_ooms(view: View, trace: Trace, entries: list[Any], totals: Int64Array) -> None:
-    """The snapshot's ``oom`` entries with the reserved bytes PyTorch held then."""
-    recording = trace.recording
-    assert recording is not None
-    reserved = recording.reserved_at_start_bytes
-    failed = iter(i for i in range(view.events) if view.event_kind[i] == EVENT_OOM)
-    for entry in entries:
-        if type(entry) is not dict:
-            continue
-        action = entry.get("action")
-        if action in ("segment_alloc", "segment_map"):
-            reserved += int(entry.get("size", 0))
-        elif action in ("segment_free", "segment_unmap"):
-            reserved -= int(entry.get("size", 0))
-        elif action == "oom":
-            event = next(failed, None)
-            if event is None:
-                break
-            free = entry.get("device_free")
-            view.ooms.append(
-                {
-                    "event": event,
-                    "size": int(entry.get("size", 0)),
-                    "free": free if isinstance(free, int) else None,
-                    "reserved": reserved,
-                    "live": int(totals[event]),
-                    "stack": -1,
-                    "source": "recorded",
-                }
-            )
-            # the failed request's own stack
-            frames = entry.get("frames")
-            if frames:
-                view.ooms[-1]["stack"] = _intern(view, frames)
-
-
-def _intern(view: View, frames: Any) -> int:
-    view.stacks.append(clean_stack(frames))
-    return len(view.stacks) - 1
 
 
 def _replay_notes(report: ReplayReport, trace: Trace) -> list[str]:
@@ -690,12 +870,14 @@ def view_of_snapshot(
     *,
     device_index: int | None = None,
     moments: int = DEFAULT_MOMENTS,
+    snapshot: dict[str, Any] | None = None,
 ) -> View:
     """Build the picture of a snapshot pickle (PyTorch's or accelrt's).
 
     With allocation history, the history is replayed exactly from its rewound start (so the
-    segment map can be shown at any captured moment); without, only the end state's segment
-    map and nothing over time.
+    segment map can be shown at any captured moment); without, the end state: its segment
+    map, and the blocks allocated then (with their stacks) as what was live, nothing over time
+    (``view.history`` is False).
 
     Parameters
     ----------
@@ -704,6 +886,9 @@ def view_of_snapshot(
         The recorded device (default: the only one with history, else 0).
     moments : int
         About how many segment maps to capture (see :func:`picture_moments`).
+    snapshot : dict, optional
+        The snapshot of ``path``, already read (:func:`~accelrt.trace.read_snapshot`): the
+        file is not read again.
 
     Returns
     -------
@@ -714,24 +899,139 @@ def view_of_snapshot(
     TraceFormatError
         For a pickle that is not a plain-data snapshot (nothing in it runs).
     """
-    snapshot = read_snapshot(path)
-    name = os.path.basename(os.fspath(path)).rsplit(".", 1)[0]
-    traces = snapshot.get("device_traces") or []
-    has_history = devices_with_history(snapshot)
-    if has_history and (device_index is None or device_index in has_history):
-        from ..replay import replay
+    with collector_paused():  # a container per entry, no cycle among them
+        if snapshot is None:
+            snapshot = read_snapshot(path)
+        picture = SnapshotPicture.take(path, snapshot, device_index)
+        del snapshot  # (where this call read it) the picture holds what it shows
+        return picture.draw(moments)
 
+
+@dataclass(frozen=True)
+class SnapshotPicture:
+    """The picture of one device of a snapshot: what it shows, taken from the snapshot.
+
+    :meth:`take` takes it; the snapshot (its entries, a dict each, are most of its memory) can
+    then go before :meth:`draw` replays the history.
+
+    Attributes
+    ----------
+    title : str
+        The file's name without its last suffix.
+    trace : Trace or None
+        The device's trace; None for a device without allocation history.
+    details : RecordedDetails or None
+        What the picture takes from the device's entries and end segments.
+    end_state : View or None
+        For a device without history, its picture (:func:`end_state_view`), drawn already.
+    """
+
+    title: str
+    trace: Trace | None = None
+    details: RecordedDetails | None = None
+    end_state: View | None = None
+
+    @classmethod
+    def take(
+        cls,
+        path: str | os.PathLike[str],
+        snapshot: dict[str, Any],
+        device_index: int | None = None,
+    ) -> SnapshotPicture:
+        """Take the picture of a device (default: the only one with history, else 0).
+
+        Raises
+        ------
+        TraceFormatError
+            As :func:`~accelrt.trace._snapshot.trace_from_snapshot`.
+        """
+        title = os.path.basename(os.fspath(path)).rsplit(".", 1)[0]
+        has_history = devices_with_history(snapshot)
+        if not has_history or (device_index is not None and device_index not in has_history):
+            device = device_index or 0
+            segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
+            return cls(title, end_state=end_state_view(segments, title))
         trace = trace_from_snapshot(snapshot, device=device_index, path=os.fspath(path))
-        device = trace.recording.device if trace.recording is not None else 0
-        report = replay(trace, capture_at=picture_moments(trace, moments))
-        segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
-        return view_of_trace(
-            trace, report, title=name, entries=traces[device], end_segments=segments
+        return cls(title, trace, snapshot_details(snapshot, trace))
+
+    def draw(
+        self,
+        moments: int = DEFAULT_MOMENTS,
+        *,
+        run: Callable[..., ReplayReport] | None = None,
+    ) -> View:
+        """Replay the history, capturing ``moments`` segment maps, and build the picture.
+
+        Parameters
+        ----------
+        moments : int
+            About how many segment maps to capture (see :func:`picture_moments`).
+        run : callable, optional
+            What replays the trace: called as ``run(trace, capture_at=...)`` (default
+            :func:`accelrt.replay.replay`; e.g. one that shows progress).
+
+        Returns
+        -------
+        View
+        """
+        if self.trace is None:
+            assert self.end_state is not None
+            return self.end_state
+        if run is None:
+            from ..replay import replay
+
+            run = replay
+        report = run(self.trace, capture_at=picture_moments(self.trace, moments))
+        return view_of_trace(self.trace, report, title=self.title, details=self.details)
+
+
+def end_state_view(segments: Sequence[dict[str, Any]], title: str) -> View:
+    """The picture of a snapshot recorded without allocation history: its end state only.
+
+    Parameters
+    ----------
+    segments : sequence of dict
+        The snapshot's segments of one device.
+    title : str
+
+    Returns
+    -------
+    View
+        No events (``view.history`` is False); each allocated block of the end state is an
+        allocation live at state 0 (its requested bytes, address, stream and stack), and the
+        one segment map is the end state's.
+    """
+    stacks = _Stacks()
+    rows = [
+        (
+            blk.get("requested_size") or blk["size"],
+            blk["address"],
+            _signed(seg.get("stream", 0)),
+            stacks.intern(blk.get("frames")),
         )
-    device = device_index or 0
-    segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
+        for seg in sorted(segments, key=lambda s: s["address"])
+        for blk in seg["blocks"]
+        if blk["state"] == "active_allocated"
+    ]
+    columns = np.asarray(rows, dtype=np.int64).reshape(-1, 4).T
+    size, addr, stream, stack = (np.ascontiguousarray(c) for c in columns)
+    count = len(rows)
     empty = np.zeros(0, dtype=np.int64)
-    view = View(name, 0, empty, empty, empty, empty, empty, empty, empty, empty, empty)
-    view.moments = [_moment(view, 0, segments)]
+    view = View(
+        title=title,
+        events=0,
+        start=np.zeros(count, dtype=np.int64),
+        end=np.ones(count, dtype=np.int64),
+        size=size,
+        addr=addr,
+        stream=stream,
+        stack=stack,
+        op=np.full(count, -1, dtype=np.int64),
+        event_kind=empty,
+        event_alloc=empty,
+        stacks=stacks.stacks,
+        history=False,
+    )
+    view.moments = [_Moments(view).moment(0, segments)]
     view.source = "the snapshot's end state (no allocation history recorded)"
     return view

@@ -13,6 +13,7 @@ import html
 import json
 import os
 import zlib
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -23,7 +24,7 @@ from .._units import format_bytes
 from ..memory._history import SegmentInfo
 from ._model import View
 
-__all__ = ["render_html", "render_png", "segment_text"]
+__all__ = ["render_html", "render_pages", "render_png", "segment_text"]
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>%(title)s: memory</title>
@@ -32,7 +33,7 @@ _PAGE = """<!DOCTYPE html>
 <h1>%(title)s</h1>
 <p id="summary" class="muted"></p>
 <div id="banner" class="banner" hidden></div>
-<h2>Active memory over time</h2>
+<div id="over-time"><h2>Active memory over time</h2>
 <div class="controls"><button id="zoom-in" title="zoom in">+</button>
 <button id="zoom-out" title="zoom out">&minus;</button><button id="reset">whole run</button>
 <label>colour by <select id="color-by"><option value="stack">stack</option>
@@ -48,7 +49,7 @@ and show the allocator state at that event.</p>
 the replay.</p>
 <table id="ooms"><tr><th>#</th><th>source</th><th class="num">event</th>
 <th class="num">requested</th><th class="num">free</th><th class="num">reserved</th>
-<th class="num">live</th><th>stack of the request</th></tr></table>
+<th class="num">live</th><th>stack of the request</th></tr></table></div>
 <h2>What was live <select id="live-at"></select></h2>
 <div class="split"><table id="live-frame"></table><table id="live-op"></table></div>
 <h2>Allocator state at <span id="state-label"></span></h2>
@@ -82,6 +83,28 @@ def _shuffled(values: npt.NDArray[Any], dtype: str) -> bytes:
     return planes
 
 
+def _moment_rows(moments: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The segment rows of ``moments`` once each, and the moments as indices into them.
+
+    A row shared by several moments (:func:`view_of_trace` shares the rows of segments that
+    did not change since the moment before) is written once: most segments of a long run sit
+    unchanged through most moments.
+    """
+    index: dict[int, int] = {}
+    rows: list[Any] = []
+    out = []
+    for moment in moments:
+        at = []
+        for row in moment["segments"]:
+            n = index.get(id(row))
+            if n is None:
+                n = index[id(row)] = len(rows)
+                rows.append(row)
+            at.append(n)
+        out.append({**moment, "segments": at})
+    return rows, out
+
+
 def _payload(view: View) -> tuple[dict[str, Any], str]:
     """The page's JSON head and its base64 blob."""
     streams = sorted(set(view.stream.tolist()))
@@ -112,8 +135,8 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
         "groups": group_names,
         "streams": [str(s) for s in streams],
         "ooms": view.ooms,
-        "moments": view.moments,
     }
+    meta["rows"], meta["moments"] = _moment_rows(view.moments)
     parts: list[bytes] = []
     layout: list[list[Any]] = []
     for name, values, dtype, code in columns:
@@ -131,6 +154,7 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
         "layout": layout,
         "source": view.source,
         "notes": view.notes,
+        "history": view.history,
     }
     return head, blob
 
@@ -158,6 +182,51 @@ def render_html(view: View) -> str:
         "js": _asset("page.js"),
         "head": head_text,
         "blob": blob,
+    }
+
+
+_PAGES = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>%(title)s: memory</title>
+<meta name="viewport" content="width=device-width">
+<style>body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 18px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 24px 0 6px; }
+iframe { width: 100%%; height: 92vh; border: 1px solid #ccc; }</style></head><body>
+<h1>%(title)s</h1>
+<p>%(count)d sections, one after another: %(contents)s</p>
+%(sections)s
+</body></html>
+"""
+
+
+def render_pages(views: Sequence[View], title: str) -> str:
+    """Return several pictures (e.g. one per recorded device) as one self-contained HTML page.
+
+    Parameters
+    ----------
+    views : sequence of View
+    title : str
+        The page's heading (each section is headed by its view's title).
+
+    Returns
+    -------
+    str
+        A page with a section per view, one after another, each holding the :func:`render_html`
+        page of its view in an ``<iframe srcdoc>`` (so that each keeps its own script and
+        element ids), and links to the sections at the top. No network access needed.
+    """
+    sections, contents = [], []
+    for n, view in enumerate(views):
+        name = html.escape(view.title)
+        contents.append(f'<a href="#view-{n}">{name}</a>')
+        sections.append(
+            f'<section id="view-{n}"><h2>{name}</h2><iframe title="{name}" '
+            f'srcdoc="{html.escape(render_html(view))}"></iframe></section>'
+        )
+    return _PAGES % {
+        "title": html.escape(title),
+        "count": len(views),
+        "contents": ", ".join(contents),
+        "sections": "\n".join(sections),
     }
 
 

@@ -107,7 +107,10 @@ async function main() {
   const raw = await inflate($("blob").textContent);
   const D = unpack(raw);
   const META = D.meta;
+  // each moment names its segment rows by index: a row unchanged between moments is sent once
+  for (const m of META.moments) m.segments = m.segments.map((r) => META.rows[r]);
   const E = HEAD.events, N = HEAD.n;
+  const NOHIST = HEAD.history === false;  // a snapshot of the end state only: no events
   const size = D.size, addr = D.addr, stackOf = D.stack, opOf = D.op, streamOf = D.stream;
   const groupOf = D.group;  // per allocation: its frame group (see View.frame_groups), -1 none
   const start = new Int32Array(N), end = new Int32Array(N);
@@ -170,12 +173,37 @@ async function main() {
   $("summary").textContent = E + " events, " + N + " allocations; peak live " + fmtLong(peakBytes) +
     " at " + eventText(peakState - 1) + "; " + ooms.length + " OOM" + (ooms.length === 1 ? "" : "s") +
     (HEAD.source ? "; segment maps: " + HEAD.source : "");
-  if (HEAD.notes.length) {
+  if (NOHIST) endStateOnly();
+  else if (HEAD.notes.length) {
     for (const id of ["banner", "seg-banner"]) {
       const b = $(id);
       b.textContent = "This is accelrt's replay, and it differs from the recording: " + HEAD.notes.join("; ");
       b.hidden = false;
     }
+  }
+
+  // recorded without history: say so, show what the end state holds, hide what needs events
+  function endStateOnly() {
+    const segs = moments.length ? moments[0].segments : [];
+    const count = [0, 0, 0, 0], held = [0, 0, 0, 0];
+    let reserved = 0;
+    for (const [, total_, , , blocks] of segs) {
+      reserved += total_;
+      for (const [bsize, state] of blocks) { count[state]++; held[state] += bsize; }
+    }
+    const blocks = (k) => count[k] + " block" + (count[k] === 1 ? "" : "s");
+    $("summary").textContent = "The allocator's state at the end: " + segs.length + " segments, " +
+      fmt(reserved) + " reserved; allocated " + fmt(held[0]) + " in " + blocks(0) + " (requested " +
+      fmt(peakBytes) + "), pending free " + fmt(held[1]) + " in " + blocks(1) + ", free (cached) " +
+      fmt(held[2]) + " in " + blocks(2) + (count[3] ? ", unmapped " + fmt(held[3]) : "");
+    const b = $("banner");
+    b.textContent = "This snapshot was recorded without allocation history " +
+      "(torch.cuda.memory._record_memory_history() was not running): it holds the allocator's " +
+      "end state only, so there is nothing over time, no peak and no OOM. Below: what was " +
+      "allocated at the end, by stack, and the segment map.";
+    b.hidden = false;
+    $("over-time").hidden = true;
+    $("events").hidden = true;
   }
 
   // ---------------------------------------------------------------- timeline
@@ -598,10 +626,11 @@ async function main() {
 
   // ---------------------------------------------------------------- live tables
   const liveAt = $("live-at");
-  el("option", { value: "selected" }, liveAt, "at the selected event");
-  el("option", { value: String(peakState) }, liveAt, "at the peak (" + eventText(peakState - 1) + ")");
+  if (NOHIST) el("option", { value: "0" }, liveAt, "at the end");
+  else el("option", { value: "selected" }, liveAt, "at the selected event");
+  if (!NOHIST) el("option", { value: String(peakState) }, liveAt, "at the peak (" + eventText(peakState - 1) + ")");
   ooms.forEach((o, n) => el("option", { value: String(o.event) }, liveAt, "at OOM " + (n + 1) + " (" + eventText(o.event) + ")"));
-  liveAt.value = ooms.length ? String(ooms[0].event) : String(peakState);
+  liveAt.value = NOHIST ? "0" : ooms.length ? String(ooms[0].event) : String(peakState);
   function groups(state, byOp) {
     const sums = new Map();
     for (let i = 0; i < N; i++) {
@@ -690,7 +719,8 @@ async function main() {
     const note = $("seg-note");
     segHits = [];
     if (!m) { note.textContent = "no segment map: this picture was made without a replay"; seg.style.height = "30px"; resize(seg, 30); return; }
-    note.textContent = (m.state === selected ? "segment map after " + eventText(selected - 1)
+    note.textContent = NOHIST ? "the end state's segment map; " + m.segments.length + " segments"
+      : (m.state === selected ? "segment map after " + eventText(selected - 1)
       : "segment map after " + eventText(m.state - 1) + ", the nearest captured moment at or before " +
         eventText(selected - 1) + " (" + moments.length + " moments captured)") +
       "; " + m.segments.length + " segments" + (HEAD.source ? "; " + HEAD.source : "");
@@ -733,7 +763,7 @@ async function main() {
 
   function select(state, scroll) {
     selected = Math.max(0, Math.min(E, state));
-    $("state-label").textContent = selected ? eventText(selected - 1) : "start";
+    $("state-label").textContent = NOHIST ? "the end" : selected ? eventText(selected - 1) : "start";
     drawCursor();
     drawSegments();
     if (liveAt.value === "selected") fillLive();
