@@ -1280,6 +1280,16 @@ def _capacity_text(capacity: int | None) -> str:
     return format_bytes(capacity)
 
 
+def _start_text(report: ReplayReport | None) -> str:
+    """The sweep table's start-state cell: "exact", "recorded", or "modelled LOW-HIGH"."""
+    if report is None or report.start_state == "empty":
+        return "exact" if report is not None else ""
+    low, high = report.peak_reserved_low_bytes, report.peak_reserved_high_bytes
+    if low is None or high is None:
+        return "recorded"
+    return f"modelled {format_bytes(low)}-{format_bytes(high)}"
+
+
 def print_results(results: SweepResults, console: Any) -> None:
     """Print the per-trace table, the fleet summary and the winner with rich.
 
@@ -1300,6 +1310,9 @@ def print_results(results: SweepResults, console: Any) -> None:
         table.add_column(name, justify="right", no_wrap=True)
     if results.find_capacity:
         table.add_column("needs", justify="right", no_wrap=True)
+    midrun = any(r.report is not None and r.report.start_state != "empty" for r in results)
+    if midrun:  # a recording that began mid-run: how each setting's start state was built
+        table.add_column("start state", justify="right", no_wrap=True)
     width = len(table.columns)
     errors = []
     for trace, device in results.units():  # a snapshot's recorded devices one by one
@@ -1329,8 +1342,18 @@ def print_results(results: SweepResults, console: Any) -> None:
                     if r.min_capacity_bytes is not None
                     else ("never" if r.report is not None else "")
                 )
+            if midrun:
+                cells.append(_start_text(r.report))
             table.add_row(*cells, end_section=i == len(mine) - 1)
     console.print(table)
+    if midrun:
+        console.print(
+            "start state: recordings that began mid-run are exact under their recorded setting; "
+            "under others their start is modelled, with the range of peaks the unrecorded part "
+            "allows (docs/snapshot-replay.md)",
+            markup=False,
+            highlight=False,
+        )
     for error in dict.fromkeys(errors):
         console.print(f"error: {error}", markup=False, highlight=False)
 
