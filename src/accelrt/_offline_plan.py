@@ -27,8 +27,8 @@ the rounded live peak against 1.0646 for best fit alone); best fit where many bl
 live for different spans (lstm_seq2seq_train: 1.0084 against 1.0298).
 
 Cost: two sorts and, per block, a few dict and ``bisect`` operations in each sweep, plus one
-numpy pass over the placed large blocks per large block: about 1 s for the 258,055 blocks of
-bert_mlm_varlen with host events, 5 s for 1.5 M blocks (docs/snapshot-replay.md has the table).
+numpy pass over the placed large blocks per large block. Above :data:`BOTH_UP_TO` blocks only
+greedy by size runs (one sweep), so a replay's bounds cost about what loading the trace does.
 """
 
 from __future__ import annotations
@@ -41,7 +41,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BEST_FIT", "GREEDY_BLOCKS", "GREEDY_BY_SIZE", "Plan", "Times", "plan", "plannable"]
+__all__ = [
+    "BEST_FIT",
+    "BOTH_UP_TO",
+    "GREEDY_BLOCKS",
+    "GREEDY_BY_SIZE",
+    "Plan",
+    "Times",
+    "plan",
+    "plannable",
+]
 
 Int64Array = npt.NDArray[np.int64]
 Times = npt.NDArray[np.integer[Any]]
@@ -49,6 +58,10 @@ Times = npt.NDArray[np.integer[Any]]
 
 GREEDY_BLOCKS = 8192
 """How many of the largest blocks greedy by size places (its cost: this many numpy passes)."""
+BOTH_UP_TO = 50_000
+"""Up to this many blocks both heuristics run and the lower peak is kept; above it greedy by
+size alone (each sweep costs about 2.5 us a block: a replay's bounds stay well under its load
+time). Greedy by size is the one that wins on the large traces measured (module docstring)."""
 BEST_FIT = "best fit in start order"
 GREEDY_BY_SIZE = "greedy by size, then best fit in start order"
 _SHIFT = 64
@@ -104,7 +117,8 @@ def plan(
     Returns
     -------
     Plan
-        The lower-peak placement of the two heuristics (best fit on a tie).
+        The lower-peak placement of the two heuristics (best fit on a tie); above
+        :data:`BOTH_UP_TO` blocks, greedy by size's.
 
     Raises
     ------
@@ -140,19 +154,21 @@ def plannable(size: Int64Array) -> bool:
 
 def _placements(start: Times, end: Times, size: Int64Array, k: int) -> list[Plan]:
     """The placement of each heuristic, best fit first, greedy by size placing the ``k``
-    largest blocks (checked arrays, at least one block)."""
+    largest blocks (checked arrays, at least one block); greedy by size alone above
+    :data:`BOTH_UP_TO` blocks."""
     largest = _largest(start, size, k)  # first: its sorts' memory is free before the sweeps
-    best_fit = np.zeros(len(size), dtype=np.int64)
-    _best_fit_in_start_order(start, end, size, best_fit, np.zeros(len(size), dtype=np.bool_))
+    plans: list[tuple[Int64Array, str]] = []
+    if len(size) <= BOTH_UP_TO:
+        best_fit = np.zeros(len(size), dtype=np.int64)
+        _best_fit_in_start_order(start, end, size, best_fit, np.zeros(len(size), dtype=np.bool_))
+        plans.append((best_fit, BEST_FIT))
     greedy = np.zeros(len(size), dtype=np.int64)
     greedy[largest] = _greedy_by_size(start[largest], end[largest], size[largest])
     fixed = np.zeros(len(size), dtype=np.bool_)
     fixed[largest] = True
     _best_fit_in_start_order(start, end, size, greedy, fixed)
-    return [
-        Plan(placed, int((placed + size).max()), algorithm)
-        for placed, algorithm in ((best_fit, BEST_FIT), (greedy, GREEDY_BY_SIZE))
-    ]
+    plans.append((greedy, GREEDY_BY_SIZE))
+    return [Plan(placed, int((placed + size).max()), algorithm) for placed, algorithm in plans]
 
 
 def _largest(start: Times, size: Int64Array, k: int) -> npt.NDArray[np.intp]:
@@ -304,8 +320,8 @@ def _best_fit_in_start_order(
     later = np.flatnonzero(fixed)
     later = later[np.argsort(start[later], kind="stable")]
     later_start = start[later].tolist()
-    later_lo = offsets[later]
-    later_hi = later_lo + size[later]
+    later_lo = offsets[later].tolist()
+    later_hi = (offsets[later] + size[later]).tolist()
     ending = _ending(end, size)
     stop, ends_at, freed = next(ending)
     space = _FreeSpace()
@@ -358,20 +374,20 @@ def _ending(end: Times, size: Int64Array) -> Iterator[tuple[int, int, int]]:
     yield -1, _NEVER, 0
 
 
-def _clear_of(space: _FreeSpace, nbytes: int, lows: Int64Array, highs: Int64Array) -> int:
+def _clear_of(space: _FreeSpace, nbytes: int, lows: list[int], highs: list[int]) -> int:
     """A free offset for ``nbytes`` whose range meets none of ``[lows, highs)`` (blocks to come).
 
     The ends of the smallest gaps that hold it first, else the lowest offset from ``top`` up.
+    (Plain lists: a block meets a few such ranges, fewer than a numpy call is worth.)
     """
-    ends = [lo for gap_lo, gap_hi in space.best_fits(nbytes) for lo in (gap_lo, gap_hi - nbytes)]
-    if ends:
-        tried = np.array(ends, dtype=np.int64)[:, None]
-        clear = np.flatnonzero(~np.any((lows < tried + nbytes) & (highs > tried), axis=1))
-        if len(clear):
-            return ends[int(clear[0])]
+    ranges = list(zip(lows, highs, strict=True))
+    for gap_lo, gap_hi in space.best_fits(nbytes):
+        for lo in (gap_lo, gap_hi - nbytes):
+            if not any(low < lo + nbytes and high > lo for low, high in ranges):
+                return lo
     lo = space.top
     while True:
-        hit = (lows < lo + nbytes) & (highs > lo)
-        if not hit.any():
+        hits = [high for low, high in ranges if low < lo + nbytes and high > lo]
+        if not hits:
             return lo
-        lo = int(highs[hit].max())
+        lo = max(hits)
