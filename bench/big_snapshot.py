@@ -10,8 +10,9 @@ many events the rewind could not place: 0). Each copy is made of distinct object
 PyTorch writes them: a new dict and a new frame list per entry (the frame dicts themselves
 are shared, as in PyTorch's pickles), ``time_us`` shifted past the copy before.
 
-Then, as separate processes (best of ``--repeats``, interleaved; wall time and peak RSS from
-``os.wait4``):
+Then, as separate processes (best of ``--repeats``, interleaved, after a round that compiles
+the bytecode into a temporary ``PYTHONPYCACHEPREFIX``, as an installed package has it; wall
+time and peak RSS from ``os.wait4``):
 
 - **the peer**: pickle's C ``Unpickler`` with a ``find_class`` that refuses every global (the
   least a reader of untrusted snapshots must do), with the garbage collector as Python starts
@@ -125,9 +126,14 @@ def build(source: Path, entries: int, out: Path) -> dict[str, Any]:
     }
 
 
-def _run(argv: list[str], pythonpath: str | None) -> tuple[float, int]:
-    """Run ``argv``; return its wall seconds and peak RSS in bytes (it must succeed)."""
-    env = dict(os.environ)
+def _run(argv: list[str], pythonpath: str | None, pycache: str) -> tuple[float, int]:
+    """Run ``argv``; return its wall seconds and peak RSS in bytes (it must succeed).
+
+    Compiled bytecode goes to ``pycache`` (and is used from there), as an installed package
+    has it, whatever ``PYTHONDONTWRITEBYTECODE`` says here.
+    """
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=pycache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     with tempfile.TemporaryFile() as errors:
@@ -186,9 +192,12 @@ def main() -> int:
                 runs[f"{name} (baseline)"] = ([python, "-m", "accelrt", *old], args.baseline_src)
         fastest = dict.fromkeys(runs, float("inf"))
         peaks = dict.fromkeys(runs, 0)
+        pycache = str(Path(tmp) / "pycache")
+        for argv, pythonpath in runs.values():  # a round to compile the bytecode
+            _run(argv, pythonpath, pycache)
         for _ in range(args.repeats):
             for name, (argv, pythonpath) in runs.items():
-                seconds, rss = _run(argv, pythonpath)
+                seconds, rss = _run(argv, pythonpath, pycache)
                 fastest[name] = min(fastest[name], seconds)
                 peaks[name] = max(peaks[name], rss)
         peer = fastest["peer"]

@@ -62,8 +62,10 @@ def _without_history(path: Path) -> Path:
 
 def _page_data(page: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The head and the decoded ``meta`` part of a page's blob."""
-    head = json.loads(re.search(r'<script id="head"[^>]*>(.*?)</script>', page, re.S)[1])
-    blob = re.search(r'<script id="blob"[^>]*>(.*?)</script>', page, re.S)[1]
+    head_match = re.search(r'<script id="head"[^>]*>(.*?)</script>', page, re.S)
+    blob_match = re.search(r'<script id="blob"[^>]*>(.*?)</script>', page, re.S)
+    assert head_match is not None and blob_match is not None
+    head, blob = json.loads(head_match[1]), blob_match[1]
     raw = zlib.decompress(base64.b64decode(blob))
     offset = sum(nbytes for *_, nbytes in head["layout"][:-1])
     return head, json.loads(raw[offset:])
@@ -242,3 +244,21 @@ def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
     assert [[meta["rows"][r] for r in m["segments"]] for m in meta["moments"]] == [
         m["segments"] for m in drawn.moments
     ]
+
+
+@pytest.mark.skipif(not MAPHSGE4.exists(), reason="the shared real snapshots are not here")
+def test_a_recording_of_many_segments_captures_fewer_moments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accelrt.view import _model, picture_moments
+
+    picture = SnapshotPicture.take(MAPHSGE4, read_snapshot(MAPHSGE4), 0)
+    assert picture.trace is not None and picture.trace.recording is not None
+    segments = max(
+        len(picture.trace.recording.start_segments), picture.trace.recording.segments_at_end
+    )
+    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 240))
+    monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", 30 * segments)
+    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 30))
+    monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", segments)  # never fewer than 24
+    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 24))

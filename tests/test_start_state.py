@@ -11,6 +11,7 @@ import pytest
 import accelrt as acc
 from accelrt import cli
 from accelrt._start_state import cached_free_blocks, decides_alike, largest_size
+from accelrt._units import format_bytes
 from accelrt.memory import AllocatorConfig
 from accelrt.replay import replay
 from accelrt.trace import Trace, load
@@ -134,7 +135,9 @@ def test_a_start_the_setting_cannot_hold_is_a_clear_error(tmp_path: Path) -> Non
     )
     capacity = (live // (2 * MiB)) * 2 * MiB  # below the live bytes
     with pytest.raises(
-        ValueError, match=r"began with [0-9,]+\+ bytes live.*'expandable_segments:True'"
+        ValueError,
+        match=rf"began with {live:,} bytes live; sim:0 ran out after placing [0-9,]+ of them .*"
+        r"under setting 'expandable_segments:True'; give a larger capacity",
     ):
         replay(trace, config="expandable_segments:True", capacity=capacity)
 
@@ -211,3 +214,17 @@ def test_readme_midrun_example_prints_what_the_readme_shows(
     assert all(line in (o.strip() for o in out) for line in kept), [
         line for line in kept if line not in (o.strip() for o in out)
     ]
+
+
+def test_the_page_says_the_recording_started_mid_run(tmp_path: Path) -> None:
+    from accelrt.view import view_of_snapshot
+
+    trace = _recording(tmp_path)
+    assert trace.recording is not None
+    view = view_of_snapshot(tmp_path / "run.pickle")
+    before = format_bytes(trace.recording.reserved_at_start_bytes)
+    assert any(
+        note.startswith(f"the recording started mid-run, with {before} reserved before its")
+        and "start state recorded" in note
+        for note in view.notes
+    ), view.notes

@@ -51,6 +51,7 @@ StartKind = Literal["empty", "recorded", "modelled"]
 class StartStateError(ValueError):
     """A setting cannot hold the blocks a recording began with (on the device replayed)."""
 
+
 _CALIBRATED: dict[int, tuple[Recording, float]] = {}
 """Calibrated share per recording (by identity; the recording is kept so the id stays its own)."""
 _CALIBRATED_KEPT = 16
@@ -170,25 +171,31 @@ def rebuild_start(
     chosen = _held_blocks(recording, share)
     live: dict[int, Block] = {}
     held: list[Block] = []
-    live_bytes = 0
+    placed = 0
     try:
         for segment in sorted(recording.start_segments, key=lambda s: s.address):
             stream = handle_of(segment.stream)
             for b in segment.blocks:
                 if b.requested_size > 0:
-                    live_bytes += b.requested_size
                     live[b.address] = allocator.malloc(b.requested_size, stream)
+                    placed += b.requested_size
                 elif b.requested_size == 0 and b.address in chosen:
                     with contextlib.suppress(OutOfMemoryError):  # it cannot have been live
                         held.append(allocator.malloc(b.size, stream))
     except OutOfMemoryError:
         for block in (*held, *live.values()):
             allocator.free(block)
+        total = sum(
+            b.requested_size
+            for seg in recording.start_segments
+            for b in seg.blocks
+            if b.requested_size > 0
+        )
         raise StartStateError(
-            f"the recording began with {live_bytes:,}+ bytes live, which "
-            f"{allocator.device_name} ({allocator.reserved_bytes:,} bytes reserved when it ran "
-            f"out) cannot hold under setting {allocator.config.describe()!r}; give a larger "
-            "capacity or replay with --start recorded"
+            f"the recording began with {total:,} bytes live; {allocator.device_name} ran out "
+            f"after placing {placed:,} of them ({allocator.reserved_bytes:,} bytes reserved) "
+            f"under setting {allocator.config.describe()!r}; give a larger capacity or replay "
+            "with --start recorded"
         ) from None
     for block in held:
         allocator.free(block)

@@ -411,7 +411,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     # a malformed snapshot shows as one line naming the file (load checks a JSONL trace itself)
     snapshot: dict[str, Any] | None = None
     if sniff(args.trace) == "pickle":
-        snapshot = _read_snapshot_file(args.trace)
+        show = not args.json and not args.no_progress and sys.stderr.isatty()
+        snapshot = _read_snapshot_file(args.trace, progress=show)
         traces = _snapshot_traces(args.trace, snapshot, args.device_index)
     else:
         traces = [load(args.trace, include_host=args.include_host, device_index=args.device_index)]
@@ -493,9 +494,10 @@ def _replay_shown(trace: Trace, show_progress: bool, **kw: Any) -> ReplayReport:
 
     if not show_progress or len(trace.events) <= 50_000:
         return replay(trace, **kw)
+    from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(transient=True) as bar:
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task(f"replaying {trace.name}", total=len(trace.events))
         return replay(trace, progress=lambda done, _total: bar.update(task, completed=done), **kw)
 
@@ -1391,7 +1393,9 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
         files = [files[0], files[0]]
     if len(given) > 2:
         raise CliError(f"--config given {len(given)} times; give it once for A and once for B")
-    sides = [_diff_side(path, args.device_index) for path in files]
+    sides = [_diff_side(files[0], args.device_index)]
+    # one file under two settings: read once (the replays do not change its traces)
+    sides.append(sides[0] if files[1] == files[0] else _diff_side(files[1], args.device_index))
     (snap_a, traces_a), (snap_b, traces_b) = sides
     devices = [[_recorded_device(t) for t in traces] for _, traces in sides]
     if len(traces_a) + len(traces_b) > 2 and devices[0] != devices[1]:

@@ -38,7 +38,7 @@ def forensics_text(view: View, *, width: int = 100, limit: int = 10) -> str:
     """
     out: list[str] = []
     if view.notes:
-        note = "Note: the allocator state is accelrt's replay, and it differs from the recording: "
+        note = "Note: the allocator state is accelrt's replay of the recording: "
         out += textwrap.wrap(note + "; ".join(view.notes), width)
         out.append("")
     if view.ooms:

@@ -55,6 +55,12 @@ __all__ = [
 DEFAULT_MOMENTS = 240
 """How many evenly spread events a picture captures the segment map after (plus the peak and
 every OOM)."""
+CAPTURED_SEGMENTS = 150_000
+"""About how many segments the segment maps a snapshot's picture captures hold together at
+most: a recording with many segments gets fewer moments than ``DEFAULT_MOMENTS`` (each
+captured segment costs about 3 microseconds and 1.5 KB while the replay runs)."""
+MIN_MOMENTS = 24
+"""The fewest moments a snapshot's picture captures, whatever its segments."""
 EVENT_ALLOC, EVENT_FREE, EVENT_EMPTY_CACHE, EVENT_OOM = 0, 1, 2, 3
 _STATE_CODES = {"active_allocated": 0, "active_pending_free": 1, "inactive": 2}
 _BY_ADDRESS = operator.itemgetter("address")
@@ -862,6 +868,19 @@ def _replay_notes(report: ReplayReport, trace: Trace) -> list[str]:
             f"{recording.inconsistent_events} recorded events could not be placed when rewinding, "
             "so the start state is approximate"
         )
+    if report.start_state != "empty":  # began mid-run: say so, and how the start was built
+        low, high = report.peak_reserved_low_bytes, report.peak_reserved_high_bytes
+        spread = (
+            ""
+            if low is None or high is None
+            else f"; peak reserved {format_bytes(low)} to {format_bytes(high)} depending on what "
+            "the unrecorded part held"
+        )
+        notes.append(
+            f"the recording started mid-run, with "
+            f"{format_bytes(report.reserved_before_recording_bytes)} reserved before its first "
+            f"event; start state {report.describe_start()}{spread}"
+        )
     return notes
 
 
@@ -869,7 +888,7 @@ def view_of_snapshot(
     path: str | os.PathLike[str],
     *,
     device_index: int | None = None,
-    moments: int = DEFAULT_MOMENTS,
+    moments: int | None = None,
     snapshot: dict[str, Any] | None = None,
 ) -> View:
     """Build the picture of a snapshot pickle (PyTorch's or accelrt's).
@@ -884,8 +903,8 @@ def view_of_snapshot(
     path : str or path-like
     device_index : int, optional
         The recorded device (default: the only one with history, else 0).
-    moments : int
-        About how many segment maps to capture (see :func:`picture_moments`).
+    moments : int, optional
+        About how many segment maps to capture (see :meth:`SnapshotPicture.draw`).
     snapshot : dict, optional
         The snapshot of ``path``, already read (:func:`~accelrt.trace.read_snapshot`): the
         file is not read again.
@@ -956,7 +975,7 @@ class SnapshotPicture:
 
     def draw(
         self,
-        moments: int = DEFAULT_MOMENTS,
+        moments: int | None = None,
         *,
         run: Callable[..., ReplayReport] | None = None,
     ) -> View:
@@ -964,8 +983,10 @@ class SnapshotPicture:
 
         Parameters
         ----------
-        moments : int
-            About how many segment maps to capture (see :func:`picture_moments`).
+        moments : int, optional
+            About how many segment maps to capture (see :func:`picture_moments`); default
+            ``DEFAULT_MOMENTS``, or fewer where the recording holds so many segments that they
+            would hold more than ``CAPTURED_SEGMENTS`` together (at least ``MIN_MOMENTS``).
         run : callable, optional
             What replays the trace: called as ``run(trace, capture_at=...)`` (default
             :func:`accelrt.replay.replay`; e.g. one that shows progress).
@@ -981,6 +1002,11 @@ class SnapshotPicture:
             from ..replay import replay
 
             run = replay
+        if moments is None:
+            recording = self.trace.recording
+            assert recording is not None
+            segments = max(len(recording.start_segments), recording.segments_at_end, 1)
+            moments = max(MIN_MOMENTS, min(DEFAULT_MOMENTS, CAPTURED_SEGMENTS // segments))
         report = run(self.trace, capture_at=picture_moments(self.trace, moments))
         return view_of_trace(self.trace, report, title=self.title, details=self.details)
 

@@ -177,7 +177,7 @@ async function main() {
   else if (HEAD.notes.length) {
     for (const id of ["banner", "seg-banner"]) {
       const b = $(id);
-      b.textContent = "This is accelrt's replay, and it differs from the recording: " + HEAD.notes.join("; ");
+      b.textContent = "About this replay of the recording: " + HEAD.notes.join("; ");
       b.hidden = false;
     }
   }
