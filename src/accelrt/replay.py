@@ -296,8 +296,8 @@ def replay(
     Allocations that run out of memory are recorded in the report, and the replay goes on
     (their frees are skipped). Zero-byte allocations are skipped, as PyTorch's allocator
     hands out no memory for them. On a real device all memory is given back at the end.
-    A modelled start replays the trace three more times on the simulated device for its
-    range (and, once per recording, a few times under the recorded setting to calibrate it).
+    A modelled start replays the trace twice more on the simulated device for its range
+    (and, once per recording, about a dozen times under the recorded setting to calibrate it).
     """
     if start not in _STARTS:
         raise ValueError(f"start must be 'modelled' or 'recorded', got {start!r}")
@@ -332,7 +332,7 @@ def replay(
                 return peak_with(
                     recording.settings, share, recording.capacity_bytes or UNLIMITED_CAPACITY
                 )
-            except ValueError:  # the recorded setting cannot hold this much at once
+            except StartStateError:  # the recorded setting cannot hold this much at once
                 return sys.maxsize
 
         share = calibrated_share(recording, recorded_peak_with)
