@@ -156,6 +156,8 @@ def test_cli_says_the_recording_started_mid_run(
     assert "[defaults] start state recorded" in out
     assert "[expandable_segments:True] start state modelled" in out
     assert "start-state range" in out
+    assert out.count("; accelrt: ") == 1  # the recorded setting: a replay, its difference
+    assert out.count("; this setting (a what-if): ") == 1  # the other: a change
     assert cli.main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     reports = data if isinstance(data, list) else data["reports"]

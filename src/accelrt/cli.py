@@ -843,12 +843,15 @@ def _print_reports(
         if len(r.ooms) > 5:
             console.print(f"  ... and {len(r.ooms) - 5} more OOMs", soft_wrap=True)
         if r.recorded_peak_reserved_bytes is not None:
+            # a modelled start is a what-if: its difference is the setting's, not an error
+            what = "this setting (a what-if)" if r.start_state == "modelled" else "accelrt"
+            change = "change" if r.start_state == "modelled" else "difference"
             console.print(
                 f"  PyTorch recorded: peak reserved {r.recorded_peak_reserved_bytes} bytes "
                 f"({format_bytes(r.recorded_peak_reserved_bytes)}), "
-                f"{r.recorded_num_device_alloc} device mallocs; accelrt: "
+                f"{r.recorded_num_device_alloc} device mallocs; {what}: "
                 f"{r.peak_reserved_bytes} bytes, {r.num_device_alloc} device mallocs; "
-                f"difference {r.peak_reserved_difference:+.3%}",
+                f"{change} {r.peak_reserved_difference:+.3%}",
                 soft_wrap=True,
             )
         for note in r.notes:
