@@ -230,3 +230,21 @@ def test_the_page_says_the_recording_started_mid_run(tmp_path: Path) -> None:
         and "start state recorded" in note
         for note in view.notes
     ), view.notes
+
+
+def test_sweep_takes_the_start_too(tmp_path: Path) -> None:
+    from accelrt import sweep
+
+    trace = _recording(tmp_path)
+    assert trace.recording is not None
+    path = str(tmp_path / "run.pickle")
+    kw = {"scheduler": "synchronous", "recorded": False}
+    modelled = sweep(path, ["expandable_segments:True"], **kw)
+    kept = sweep(path, ["expandable_segments:True"], start="recorded", **kw)
+    [m], [k] = modelled, kept
+    assert m.report is not None and k.report is not None
+    assert m.report.start_state == "modelled" and k.report.start_state == "recorded"
+    expected = replay(trace, config="expandable_segments:True", start="recorded")
+    assert k.report.peak_reserved_bytes == expected.peak_reserved_bytes
+    with pytest.raises(ValueError, match="start must be 'modelled' or 'recorded', got 'x'"):
+        sweep(path, start="x", **kw)

@@ -491,6 +491,7 @@ class _Task:
     find_capacity: bool
     env_capacity: int | None
     planned: int
+    start: str = "modelled"
 
 
 def _setting(value: Any, where: str, source: str) -> Setting:
@@ -670,6 +671,7 @@ def sweep(
     recorded: bool = True,
     progress: ProgressCallback | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
+    start: str = "modelled",
 ) -> SweepResults:
     """Replay every (trace, setting, capacity) combination, in parallel on Dask.
 
@@ -713,6 +715,10 @@ def sweep(
         Called as ``progress(done, total)`` with combinations done, as work completes.
     connect_timeout : float
         Seconds to wait for a ``tcp://`` scheduler (default 5).
+    start : {"modelled", "recorded"}
+        For a recording that began mid-run, under settings other than the recorded one: its
+        start state rebuilt under each setting (default) or kept as recorded
+        (``accelrt.replay.replay``'s ``start``).
 
     Returns
     -------
@@ -775,6 +781,8 @@ def sweep(
         isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < math.inf
     ):
         raise ValueError(f"connect_timeout must be seconds > 0, got {_shown(connect_timeout)}")
+    if start not in ("modelled", "recorded"):
+        raise ValueError(f"start must be 'modelled' or 'recorded', got {_shown(start)}")
     env_capacity = _env_capacity()
     if importlib.util.find_spec("dask") is None:  # imported later, while workers start
         raise ImportError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'")
@@ -812,6 +820,7 @@ def sweep(
                         find_capacity=find_capacity,
                         env_capacity=env_capacity,
                         planned=(len(chunk) + bool(with_rec)) * len(caps),
+                        start=start,
                     )
                 )
                 sizes.append(_size_of(path))
@@ -1207,7 +1216,7 @@ def _run_task(task: _Task) -> list[SweepResult]:
             needed = None
             if task.find_capacity:
                 with contextlib.suppress(Exception):
-                    needed = _min_capacity(trace, config, check)
+                    needed = _min_capacity(trace, config, check, task.start)
             row = functools.partial(
                 SweepResult,
                 task.source,
@@ -1219,7 +1228,12 @@ def _run_task(task: _Task) -> list[SweepResult]:
                 capacity = default_capacity if cap is None else cap
                 try:
                     report = replay(
-                        trace, device="sim", capacity=capacity, config=config, progress=check
+                        trace,
+                        device="sim",
+                        capacity=capacity,
+                        config=config,
+                        progress=check,
+                        start=task.start,
                     )
                 except Exception as exc:
                     rows.append(row(cap, error=_error_text(task.source, exc, snapshot)))
@@ -1229,7 +1243,7 @@ def _run_task(task: _Task) -> list[SweepResult]:
 
 
 def _min_capacity(
-    trace: Trace, config: AllocatorConfig | None, check: ProgressCallback
+    trace: Trace, config: AllocatorConfig | None, check: ProgressCallback, start: str
 ) -> int | None:
     """The smallest multiple of GRANULARITY at which ``trace`` replays without an OOM.
 
@@ -1240,12 +1254,21 @@ def _min_capacity(
 
     def fits(capacity: int) -> bool:
         try:
-            report = replay(trace, device="sim", capacity=capacity, config=config, progress=check)
+            report = replay(
+                trace, device="sim", capacity=capacity, config=config, progress=check, start=start
+            )
         except ValueError:  # the recording's start state alone needs more
             return False
         return report.num_ooms == 0
 
-    free = replay(trace, device="sim", capacity=UNLIMITED_CAPACITY, config=config, progress=check)
+    free = replay(
+        trace,
+        device="sim",
+        capacity=UNLIMITED_CAPACITY,
+        config=config,
+        progress=check,
+        start=start,
+    )
     if free.num_ooms:
         return None  # a request larger than any device
     if free.peak_reserved_bytes == 0:

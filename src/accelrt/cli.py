@@ -983,6 +983,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             include_host=args.include_host,
             device_index=args.device_index,
             progress=progress,
+            start=args.start,
         )
     if args.csv:
         write_csv(results, args.csv)
@@ -1047,6 +1048,7 @@ def _add_sweep_parser(sub: Any) -> None:
         "--include-host", action="store_true", help="also replay events tagged host (CPU-only)"
     )
     swp.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
+    _add_start_option(swp)
     out = swp.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--csv", type=_output_arg("--csv"), help="also write the results as CSV")
@@ -1058,6 +1060,18 @@ def _add_sweep_parser(sub: Any) -> None:
     )
     swp.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     swp.set_defaults(func=_cmd_sweep)
+
+
+def _add_start_option(parser: argparse.ArgumentParser) -> None:
+    """``--start``: how a recording that began mid-run starts under another setting."""
+    parser.add_argument(
+        "--start",
+        choices=("modelled", "recorded"),
+        default="modelled",
+        help="for a recording that began mid-run, replayed with another setting than the "
+        "recorded one: rebuild its start state under that setting (modelled, the default) or "
+        "keep the recorded segments and blocks (recorded); docs/snapshot-replay.md",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1103,14 +1117,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print the report as JSON")
     rep.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     rep.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
-    rep.add_argument(
-        "--start",
-        choices=("modelled", "recorded"),
-        default="modelled",
-        help="for a recording that began mid-run, replayed with another setting than the "
-        "recorded one: rebuild its start state under that setting (modelled, the default) or "
-        "keep the recorded segments and blocks (recorded); docs/snapshot-replay.md",
-    )
+    _add_start_option(rep)
     rep.add_argument(
         "--html",
         type=_output_arg("--html"),
