@@ -163,6 +163,23 @@ def test_cli_says_the_recording_started_mid_run(
     reports = data if isinstance(data, list) else data["reports"]
     assert [r["start_state"] for r in reports] == ["recorded", "modelled"]
     assert reports[1]["peak_reserved_low_bytes"] <= reports[1]["peak_reserved_bytes"]
+    diff = [
+        "snapshot",
+        "diff",
+        path,
+        "--config",
+        "defaults",
+        "--config",
+        "expandable_segments:True",
+    ]
+    assert cli.main(diff) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [
+        "A start state: recorded (the recording's own segments and blocks)",
+        f"B start state: {reports[1]['start_state']} (live blocks re-placed; "
+        f"{reports[1]['start_transient_share']:.1%} of the {reports[1]['start_cached_bytes']:,} "
+        "cached bytes taken as live before the first event)",
+    ]
     assert (
         cli.main(["replay", path, "--config", "expandable_segments:True", "--start", "recorded"])
         == 0

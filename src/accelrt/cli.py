@@ -1429,6 +1429,9 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
         a = _diff_run(files[0], snap_a, trace_a, settings[0], several)
         b = _diff_run(files[1], snap_b, trace_b, settings[1], several)
         print(("\n" if n else "") + diff_text(a, b, width=width), end="")
+        for side, (_, _, report) in zip("AB", (a, b), strict=True):
+            if report.start_state != "empty":  # a recording begun mid-run: how it started
+                print(f"{side} start state: {report.describe_start()}")
         peaks.append((a[2].peak_reserved_bytes, b[2].peak_reserved_bytes))
     if several:
         total_a, total_b = (sum(p) for p in zip(*peaks, strict=True))
