@@ -1142,19 +1142,10 @@ class CachingAllocator:
         """
         with self._lock:
             segments = []
-            for segment in sorted(self._segments.values(), key=_ADDRESS):
+            for segment, blocks in self.segments():
                 if pool_id is not None and segment.pool.pool_id != pool_id:
                     continue
-                run: list[Block] = []  # the mapped blocks since the last unmapped one
-                block = self._block_at(segment.address, segment)
-                while block is not None:
-                    if block.mapped:
-                        run.append(block)
-                    elif run:
-                        segments.append(self._segment_info(segment, run))
-                        run = []
-                    block = block.next
-                if run:
+                for run in _mapped_runs(blocks):
                     segments.append(self._segment_info(segment, run))
             entries = self._observer.to_entries() if self._observer is not None else []
             return segments, entries
@@ -1232,7 +1223,7 @@ class CachingAllocator:
         """
         with self._lock:
             out = []
-            for segment in sorted(self._segments.values(), key=lambda s: s.address):
+            for segment in sorted(self._segments.values(), key=_ADDRESS):
                 blocks: list[Block] = []
                 block = self._block_at(segment.address, segment)
                 while block is not None:
