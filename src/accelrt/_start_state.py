@@ -37,6 +37,7 @@ from .trace._snapshot import Recording
 __all__ = [
     "StartKind",
     "StartStateError",
+    "cached_bytes",
     "cached_free_blocks",
     "calibrated_share",
     "decides_alike",
@@ -137,6 +138,11 @@ def cached_free_blocks(recording: Recording) -> list[tuple[int, int, int]]:
     return free
 
 
+def cached_bytes(recording: Recording) -> int:
+    """The bytes of the recording's free blocks at its start (``cached_free_blocks``)."""
+    return sum(size for size, _, _ in cached_free_blocks(recording))
+
+
 def rebuild_start(
     allocator: CachingAllocator,
     recording: Recording,
@@ -204,10 +210,9 @@ def rebuild_start(
 
 def _held_blocks(recording: Recording, share: float) -> set[int]:
     """Addresses of the cached blocks held for ``share``: largest first, within the share."""
-    free = cached_free_blocks(recording)
-    budget = share * sum(size for size, _, _ in free)
+    budget = share * cached_bytes(recording)
     chosen: set[int] = set()
-    for size, address, _ in free:
+    for size, address, _ in cached_free_blocks(recording):
         if size <= budget:
             chosen.add(address)
             budget -= size

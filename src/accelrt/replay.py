@@ -25,7 +25,7 @@ from ._errors import OutOfMemoryError
 from ._start_state import (
     StartKind,
     StartStateError,
-    cached_free_blocks,
+    cached_bytes,
     calibrated_share,
     decides_alike,
     describe_start,
@@ -316,27 +316,7 @@ def replay(
     low = high = None
     if kind == "modelled":
         assert recording is not None
-        capacity_bytes = backend.mem_get_info(index)[1]
-
-        def peak_with(config: AllocatorConfig, share: float, capacity: int) -> int:
-            sim = SimBackend(device_count=1, capacity=capacity)
-            run = _Run(trace, sim, 0, config, share)
-            return run.execute(None, frozenset())["reserved_bytes.all.peak"]
-
-        # first: raises where the setting cannot hold the start
-        low = peak_with(settings, 0.0, capacity_bytes)
-
-        def recorded_peak_with(share: float) -> int:
-            """The modelled run as the recording ran: its setting, on its own device."""
-            try:
-                return peak_with(
-                    recording.settings, share, recording.capacity_bytes or UNLIMITED_CAPACITY
-                )
-            except StartStateError:  # the recorded setting cannot hold this much at once
-                return sys.maxsize
-
-        share = calibrated_share(recording, recorded_peak_with)
-        low, high = sorted((low, peak_with(settings, 1.0, capacity_bytes)))
+        share, low, high = _model_start(trace, settings, backend.mem_get_info(index)[1])
     run = _Run(trace, backend, index, settings, share)
     stats = run.execute(progress, frozenset(capture_at))
     peak_requested = stats["requested_bytes.all.peak"]
@@ -378,9 +358,7 @@ def replay(
         notes=notes,
         start_state=kind,
         reserved_before_recording_bytes=recording.reserved_at_start_bytes if recording else 0,
-        start_cached_bytes=(
-            sum(size for size, _, _ in cached_free_blocks(recording)) if recording else 0
-        ),
+        start_cached_bytes=cached_bytes(recording) if recording else 0,
         start_transient_share=share if kind == "modelled" else None,
         peak_reserved_low_bytes=low,
         peak_reserved_high_bytes=high,
@@ -392,6 +370,36 @@ def replay(
         plan_algorithm=bounds.algorithm,
         recorded_num_ooms=recording.num_ooms if recording is not None else None,
     )
+
+
+def _model_start(trace: Trace, settings: AllocatorConfig, capacity: int) -> tuple[float, int, int]:
+    """A modelled start's share of cached bytes (calibrated on the recording) and the lowest
+    and highest peak reserved bytes the model allows under ``settings`` on ``capacity`` bytes.
+
+    Raises ``StartStateError`` where ``settings`` cannot hold the blocks live at the start.
+    """
+    recording = trace.recording
+    assert recording is not None
+
+    def peak_with(config: AllocatorConfig, share: float, capacity: int) -> int:
+        sim = SimBackend(device_count=1, capacity=capacity)
+        run = _Run(trace, sim, 0, config, share)
+        return run.execute(None, frozenset())["reserved_bytes.all.peak"]
+
+    low = peak_with(settings, 0.0, capacity)  # first: raises where the start does not fit
+
+    def recorded_peak_with(share: float) -> int:
+        """The modelled run as the recording ran: its setting, on its own device."""
+        try:
+            return peak_with(
+                recording.settings, share, recording.capacity_bytes or UNLIMITED_CAPACITY
+            )
+        except StartStateError:  # the recorded setting cannot hold this much at once
+            return sys.maxsize
+
+    share = calibrated_share(recording, recorded_peak_with)
+    low, high = sorted((low, peak_with(settings, 1.0, capacity)))
+    return share, low, high
 
 
 class _Run:
