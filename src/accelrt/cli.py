@@ -410,9 +410,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         _check_device(args.device, args.capacity)
     # a malformed snapshot shows as one line naming the file (load checks a JSONL trace itself)
     snapshot: dict[str, Any] | None = None
+    show_progress = _show_progress(args)
     if sniff(args.trace) == "pickle":
-        show = not args.json and not args.no_progress and sys.stderr.isatty()
-        snapshot = _read_snapshot_file(args.trace, progress=show)
+        snapshot = _read_snapshot_file(args.trace, progress=show_progress)
         traces = _snapshot_traces(args.trace, snapshot, args.device_index)
     else:
         traces = [load(args.trace, include_host=args.include_host, device_index=args.device_index)]
@@ -423,7 +423,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         _check_device(device, args.capacity)
     settings = _settings(args.config, recording=recording)
     _note_ignored(settings)
-    show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
     pictures = bool(args.html or args.png)
     guarded = args.trace if snapshot is not None else None  # a snapshot's errors name it
     from ._start_state import StartStateError
@@ -939,7 +938,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     from ._sweep import dumps_json, print_results, render_png, sweep, write_csv, write_parquet
 
-    show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
+    show_progress = _show_progress(args)
     with contextlib.ExitStack() as stack:
         progress: Callable[[int, int], None] | None = None
         if show_progress:
