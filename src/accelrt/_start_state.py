@@ -25,21 +25,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ._errors import OutOfMemoryError
-from .memory._block import Block
 from .memory._config import AllocatorConfig
-from .memory._core import CachingAllocator
 from .memory._policy import round_size, segment_size
-from .trace._snapshot import Recording
+
+if TYPE_CHECKING:  # annotations only: the CLI imports this module to build its parser
+    from .memory._block import Block
+    from .memory._core import CachingAllocator
+    from .trace._snapshot import Recording
 
 __all__ = [
+    "STARTS",
     "StartKind",
     "StartStateError",
     "cached_bytes",
     "cached_free_blocks",
     "calibrated_share",
+    "check_start",
     "decides_alike",
     "describe_start",
     "largest_size",
@@ -47,6 +51,14 @@ __all__ = [
 ]
 
 StartKind = Literal["empty", "recorded", "modelled"]
+STARTS = ("modelled", "recorded")
+"""What ``replay(start=...)``, ``sweep(start=...)`` and ``--start`` take."""
+
+
+def check_start(start: str) -> None:
+    """Raise ``ValueError`` naming ``start`` unless it is one of :data:`STARTS`."""
+    if start not in STARTS:
+        raise ValueError(f"start must be 'modelled' or 'recorded', got {start!r}")
 
 
 class StartStateError(ValueError):

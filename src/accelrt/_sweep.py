@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._start_state import check_start
 from ._units import format_bytes, parse_bytes
 from ._verdict import oom_verdict
 from .memory._config import RECORDED, AllocatorConfig, Setting, setting_text
@@ -781,8 +782,7 @@ def sweep(
         isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < math.inf
     ):
         raise ValueError(f"connect_timeout must be seconds > 0, got {_shown(connect_timeout)}")
-    if start not in ("modelled", "recorded"):
-        raise ValueError(f"start must be 'modelled' or 'recorded', got {_shown(start)}")
+    check_start(start)  # here, before any worker starts
     env_capacity = _env_capacity()
     if importlib.util.find_spec("dask") is None:  # imported later, while workers start
         raise ImportError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'")

@@ -1063,9 +1063,11 @@ def _add_sweep_parser(sub: Any) -> None:
 
 def _add_start_option(parser: argparse.ArgumentParser) -> None:
     """``--start``: how a recording that began mid-run starts under another setting."""
+    from ._start_state import STARTS
+
     parser.add_argument(
         "--start",
-        choices=("modelled", "recorded"),
+        choices=STARTS,
         default="modelled",
         help="for a recording that began mid-run, replayed with another setting than the "
         "recorded one: rebuild its start state under that setting (modelled, the default) or "

@@ -27,6 +27,7 @@ from ._start_state import (
     StartStateError,
     cached_bytes,
     calibrated_share,
+    check_start,
     decides_alike,
     describe_start,
     largest_size,
@@ -237,9 +238,6 @@ def _open_device(
     return backend, index
 
 
-_STARTS = ("modelled", "recorded")
-
-
 def replay(
     trace: Trace,
     *,
@@ -299,8 +297,7 @@ def replay(
     A modelled start replays the trace twice more on the simulated device for its range
     (and, once per recording, about a dozen times under the recorded setting to calibrate it).
     """
-    if start not in _STARTS:
-        raise ValueError(f"start must be 'modelled' or 'recorded', got {start!r}")
+    check_start(start)
     recording = trace.recording
     if config is None and recording is not None:
         settings = recording.settings
