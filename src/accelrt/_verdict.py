@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ._units import format_bytes
+from .memory._config import AllocatorConfig
 from .replay import UNLIMITED_CAPACITY
 
 if TYPE_CHECKING:
@@ -170,7 +171,6 @@ def interaction_warning(configs: Iterable[str]) -> str | None:
 
 
 def _expandable_with_max_split(config: str) -> bool:
-    items = config.split(",")  # (a roundup list's commas split only its own item)
-    return "expandable_segments:True" in items and any(
-        item.startswith("max_split_size_mb:") for item in items
-    )
+    """Whether a setting (``describe()`` text, read by the one parser) combines the two."""
+    parsed = AllocatorConfig.coerce(config)
+    return parsed.expandable_segments and parsed.max_split_size is not None
