@@ -154,11 +154,35 @@ class TraceEvents(Sequence[TraceEvent]):
             op = [_OP_OF[row[0]] for row in rows]
         except KeyError as exc:
             raise ValueError(f"unknown action {exc.args[0]!r}; expected one of {ACTIONS}") from None
+        return cls.from_columns(
+            op, [row[1] for row in rows], [row[2] for row in rows], [row[3] for row in rows]
+        )
+
+    @classmethod
+    def from_columns(
+        cls,
+        op: Sequence[int],
+        addr: Sequence[int],
+        size: Sequence[int],
+        stream: Sequence[int],
+    ) -> TraceEvents:
+        """Build the columns from four sequences of ints: op codes (``OP_ALLOC``...),
+        addresses, sizes and streams, as :meth:`from_events` stores them.
+
+        Raises
+        ------
+        OverflowError
+            For an address, size or stream outside int64 (streams: outside [-2**63, 2**64)).
+        """
+        try:
+            streams = np.array(stream, dtype=np.int64)
+        except OverflowError:  # an unsigned native handle: the int64 with the same bits
+            streams = np.array([_signed(s) for s in stream], dtype=np.int64)
         return cls(
             np.array(op, dtype=np.int8),
-            np.array([row[1] for row in rows], dtype=np.int64),
-            np.array([row[2] for row in rows], dtype=np.int64),
-            np.array([_signed(row[3]) for row in rows], dtype=np.int64),
+            np.array(addr, dtype=np.int64),
+            np.array(size, dtype=np.int64),
+            streams,
         )
 
     @property

@@ -20,8 +20,6 @@ from bisect import bisect_right, insort
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..memory._config import AllocatorConfig
 from ..memory._policy import (
     K_MIN_BLOCK_SIZE,
@@ -33,7 +31,7 @@ from ..memory._policy import (
     round_size,
     should_split,
 )
-from ._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents, _signed
+from ._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from ._format import Trace, TraceFormatError
 from ._plain_pickle import describe
 from ._snapshot_schema import (
@@ -645,21 +643,10 @@ def trace_from_snapshot(
 
 
 def _event_columns(rows: list[tuple[int, int, int, int]]) -> TraceEvents:
-    """``(op, addr, size, stream)`` rows as columns; a stream handle in [2**63, 2**64) is
-    stored as the int64 with the same bits (as ``TraceEvents.from_events`` does)."""
+    """``(op, addr, size, stream)`` rows as columns (``TraceEvents.from_columns``)."""
     if not rows:
         return TraceEvents.from_events(())
-    ops, addrs, sizes, streams = zip(*rows, strict=True)
-    try:
-        stream = np.array(streams, dtype=np.int64)
-    except OverflowError:
-        stream = np.array([_signed(s) for s in streams], dtype=np.int64)
-    return TraceEvents(
-        np.array(ops, dtype=np.int8),
-        np.array(addrs, dtype=np.int64),
-        np.array(sizes, dtype=np.int64),
-        stream,
-    )
+    return TraceEvents.from_columns(*zip(*rows, strict=True))
 
 
 def _start_state(
