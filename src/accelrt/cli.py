@@ -432,6 +432,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for trace in traces:
         runs.append([])
         for k, setting in enumerate(settings):
+            if k in failed:  # dropped on an earlier device: not replayed again
+                runs[-1].append(None)
+                continue
             # the first setting's replay also captures what the pictures draw
             capture = picture_moments(trace) if pictures and not any(runs[-1]) else ()
             try:
