@@ -161,6 +161,45 @@ def test_opencl_driver_errors_are_accelerator_errors(opencl: str) -> None:
         backend.stream_wait_event(1, stream.handle, event._handle)  # another device's event
 
 
+def test_sim_reuses_released_ranges_whatever_the_order(sim: str) -> None:
+    # Four streams, each with a large and a small expandable segment: empty_cache gives eight
+    # ranges back in an order where the latest is not last, so reusing only the latest range
+    # ran out of address space at cycle 60 with 80 GiB free (issue 26).
+    from accelrt.backends.sim import BASE_ADDRESS
+
+    acc.set_allocator_settings("expandable_segments:True")
+    streams = [acc.Stream(device=0) for _ in range(4)]
+    highest = set()
+    for _ in range(200):
+        bufs = [acc.empty(n, stream=s) for s in streams for n in (MiB, 100)]
+        highest.add(max(b.ptr for b in bufs))
+        for buf in bufs:
+            buf.free()
+        acc.empty_cache(0)
+        assert acc.memory_reserved(0) == 0
+    assert len(highest) == 1  # every cycle lands in the same ranges
+    assert max(highest) < BASE_ADDRESS + 8 * 91 * 1024 * MiB
+
+
+def test_sim_released_ranges_merge_and_are_taken_lowest_first() -> None:
+    from accelrt.backends.sim import BASE_ADDRESS, SimBackend
+
+    backend = SimBackend(device_count=1, capacity="1GiB")
+    size = 64 * MiB
+    a, b, c, d = (backend.vm_reserve(0, size) for _ in range(4))
+    assert [a, b, c, d] == [BASE_ADDRESS + i * size for i in range(4)]
+    backend.vm_release(0, c)
+    backend.vm_release(0, a)
+    assert backend.vm_reserve(0, size) == a  # the lowest released range that fits
+    backend.vm_release(0, b)
+    # b and c merged into one 128 MiB range: a request of twice the size fits there
+    assert backend.vm_reserve(0, 2 * size) == b
+    assert backend.vm_reserve(0, size) == d + size  # nothing released is left: the bump rule
+    for ptr in (a, b, d, d + size):
+        backend.vm_release(0, ptr)
+    assert backend.vm_reserve(0, 5 * size) == BASE_ADDRESS  # all merged back to the start
+
+
 def test_sim_address_space_is_never_shared_between_devices(sim: str) -> None:
     from accelrt.backends.sim import BASE_ADDRESS, DEVICE_STRIDE
 

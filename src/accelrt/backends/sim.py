@@ -6,8 +6,9 @@ reproducible: device ``i`` hands out addresses from a bump pointer starting at
 Allocations fail with ``BackendOutOfMemory`` once the bytes held would exceed the capacity.
 
 The device has virtual memory (for expandable segments): ``vm_reserve`` hands out an address
-range by the same rule without holding any memory (a range given back while it is the latest
-one is handed out again, so cycles of reserve and release do not wander off), and ``vm_map``
+range without holding any memory: the lowest range given back earlier that is large enough,
+else the next by the same rule, so cycles of reserve and release never use up the address
+space, whatever order ranges are given back in; ``vm_map``
 backs 2 MiB pages of it, which count against the capacity like allocations until ``vm_unmap``.
 A device whose address range (2**44 bytes, unbounded for the last device) is used up fails
 further requests as out of memory rather than hand out another device's addresses.
@@ -133,6 +134,7 @@ class _SimDevice:
         "physical_index",
         "planned",
         "planned_reservations",
+        "released",
         "reservations",
         "sizes",
     )
@@ -149,6 +151,9 @@ class _SimDevice:
         self.planned: dict[int, deque[int]] = {}  # size -> addresses to hand out first
         self.reservations: dict[int, _Reservation] = {}  # base -> range (also in bases/sizes)
         self.planned_reservations: deque[int] = deque()  # vm_reserve hands these out first
+        # Address ranges given back by vm_release below next_address, merged, sorted by start:
+        # [start, end) pairs that vm_reserve hands out again (lowest first that fits).
+        self.released: list[tuple[int, int]] = []
 
     def bump(self, nbytes: int) -> int:
         """Return the next free 2 MiB-aligned address for ``nbytes`` and move past it."""
@@ -173,6 +178,46 @@ class _SimDevice:
             return None
         end = self.bases[pos] + max(self.sizes[self.bases[pos]], 1)
         return end if end > ptr else None
+
+    def take_released(self, nbytes: int) -> int | None:
+        """The start of the lowest released range that holds ``nbytes``, taken off the list."""
+        for start, end in self.released:
+            if end - start >= nbytes:
+                self.claim(start, nbytes)
+                return start
+        return None
+
+    def claim(self, ptr: int, nbytes: int) -> None:
+        """Remove ``[ptr, ptr + nbytes)`` from the released ranges (it is in use again)."""
+        last = ptr + nbytes
+        kept: list[tuple[int, int]] = []
+        for start, end in self.released:
+            if end <= ptr or start >= last:
+                kept.append((start, end))
+                continue
+            if start < ptr:
+                kept.append((start, ptr))
+            if end > last:
+                kept.append((last, end))
+        self.released = kept
+
+    def release(self, ptr: int, nbytes: int) -> None:
+        """Make ``[ptr, ptr + nbytes)`` reusable: merged with its released neighbours, and
+        given back to the bump pointer when it ends there."""
+        start, end = ptr, ptr + nbytes
+        kept: list[tuple[int, int]] = []
+        for first, last in self.released:
+            if last == start:
+                start = first
+            elif first == end:
+                end = last
+            else:
+                kept.append((first, last))
+        if end >= self.next_address:
+            self.next_address = start
+        else:
+            bisect.insort(kept, (start, end))
+        self.released = kept
 
 
 class SimBackend:
@@ -320,6 +365,8 @@ class SimBackend:
         ptr = self._next_planned(dev, dev.planned.get(nbytes), nbytes) if dev.planned else None
         if ptr is None:
             ptr = dev.bump(nbytes)
+        elif dev.released:
+            dev.claim(ptr, nbytes)
         dev.held += nbytes
         bisect.insort(dev.bases, ptr)
         dev.sizes[ptr] = nbytes
@@ -341,7 +388,9 @@ class SimBackend:
         return VM_GRANULARITY
 
     def vm_reserve(self, index: int, nbytes: int) -> int:
-        """Reserve an address range by the device's address rule; holds no memory.
+        """Reserve an address range; holds no memory. The range is the next planned one
+        (``plan_reservations``) where free, else the lowest range given back by ``vm_release``
+        that is large enough, else the next by the device's address rule.
 
         Raises ``ValueError`` unless ``nbytes`` is a positive multiple of 2 MiB.
         """
@@ -349,8 +398,12 @@ class SimBackend:
             raise ValueError(f"sim:{index}: reserve {nbytes} bytes: not a multiple of 2 MiB")
         dev = self._devices[index]
         ptr = self._next_planned(dev, dev.planned_reservations, nbytes)
-        if ptr is None:
-            ptr = dev.bump(nbytes)
+        if ptr is not None:
+            dev.claim(ptr, nbytes)
+        else:
+            ptr = dev.take_released(nbytes)
+            if ptr is None:
+                ptr = dev.bump(nbytes)
         bisect.insort(dev.bases, ptr)
         dev.sizes[ptr] = nbytes
         dev.reservations[ptr] = _Reservation(nbytes)
@@ -366,8 +419,7 @@ class SimBackend:
             )
         del dev.reservations[address], dev.sizes[address]
         del dev.bases[bisect.bisect_left(dev.bases, address)]
-        if address + reservation.size == dev.next_address:  # the latest range: reuse it next
-            dev.next_address = address
+        dev.release(address, reservation.size)
 
     def _pages(self, index: int, address: int, nbytes: int) -> tuple[_Reservation, int, int]:
         dev = self._devices[index]
