@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 
@@ -88,6 +89,39 @@ def test_nested_pools(sim: str) -> None:
     assert inner.id[0] == 0 and inner.id[1] == outer.id[1] + 1
     for buf in (a, b, c):
         buf.free()
+
+
+def test_pools_exited_out_of_order_leave_the_routing_consistent(sim: str) -> None:
+    # Two asyncio tasks on one thread: task 1 enters p1, task 2 enters p2, task 1 exits p1
+    # while p2 is still entered. The exit used to raise ValueError and leave p1 routed, so
+    # after p2's exit the thread still allocated into p1 (issue 26).
+    p1, p2 = MemPool(), MemPool()
+    owners: dict[str, tuple[int, int]] = {}
+    step = [asyncio.Event() for _ in range(3)]
+
+    async def task_one() -> None:
+        with use_mem_pool(p1):
+            step[0].set()
+            await step[1].wait()
+        buf = acc.empty(100)  # p2 is still entered by task two
+        owners["after p1 exit"] = buf.block.pool.pool_id
+        buf.free()
+        step[2].set()
+
+    async def task_two() -> None:
+        await step[0].wait()
+        with use_mem_pool(p2):
+            step[1].set()
+            await step[2].wait()
+        buf = acc.empty(100)
+        owners["after both exits"] = buf.block.pool.pool_id
+        buf.free()
+
+    async def main() -> None:
+        await asyncio.gather(task_one(), task_two())
+
+    asyncio.run(main())
+    assert owners == {"after p1 exit": p2.id, "after both exits": (0, 0)}
 
 
 def test_a_pool_belongs_to_one_device(sim: str) -> None:

@@ -1066,19 +1066,24 @@ class CachingAllocator:
     def end_allocate_to_pool(self, pool_id: PoolId) -> None:
         """Undo the calling thread's latest :meth:`begin_allocate_to_pool` of ``pool_id``.
 
+        Contexts may end in any order (asyncio tasks interleave so): the pool's latest entry
+        is removed wherever it is, and the thread goes on allocating to the latest pool still
+        begun, or to the default pool. Mirrors ``endAllocateToPool`` of PyTorch's
+        CUDACachingAllocator, which also removes the pool's entry wherever it is.
+
         Raises
         ------
         ValueError
-            If the thread is not allocating to that pool.
+            If the thread is not allocating to that pool; the routing is unchanged.
         """
         with self._lock:
             ident = threading.get_ident()
-            ids = self._routes.get(ident)
-            if not ids or ids[-1] != pool_id:
+            ids = self._routes.get(ident, [])
+            if pool_id not in ids:
                 raise ValueError(
                     f"{self.device_name}: this thread is not allocating to pool {pool_id}"
                 )
-            ids.pop()
+            del ids[len(ids) - 1 - ids[::-1].index(pool_id)]
             if not ids:
                 del self._routes[ident]
 

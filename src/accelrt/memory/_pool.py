@@ -125,8 +125,10 @@ def use_mem_pool(pool: MemPool, device: DeviceLike = None) -> Iterator[None]:
 
     Notes
     -----
-    Nestable; other threads keep allocating from the default pool. Blocks freed after the
-    block ends still return to ``pool``. Mirrors ``torch.cuda.use_mem_pool``.
+    Nestable: the thread allocates to the latest pool entered and not left. Contexts may end
+    out of order (asyncio tasks interleave so): leaving one removes only its own entry. Other
+    threads keep allocating from the default pool. Blocks freed after the block ends still
+    return to ``pool``. Mirrors ``torch.cuda.use_mem_pool``.
     """
     if not isinstance(pool, MemPool):
         raise TypeError(f"use_mem_pool() takes an accelrt.memory.MemPool, got {pool!r}")
