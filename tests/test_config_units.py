@@ -107,6 +107,9 @@ def test_expandable_segments_on_sim_map_pages(sim: str) -> None:
         ("4096", 4096),
         ("2GB", 2_000_000_000),
         (" 3 m ", 3 * MiB),
+        ("5PiB", 5 << 50),
+        ("2pb", 2 * 10**15),
+        ("7.5EiB", 15 << 59),
     ],
 )
 def test_parse_bytes(text: str, value: int) -> None:

@@ -202,6 +202,28 @@ def test_find_capacity_is_the_smallest_that_fits(traces: dict[str, str]) -> None
     assert [r.min_capacity_bytes for r in results[2:]] == [346 * MiB, 346 * MiB]
 
 
+def test_find_capacity_beyond_a_petabyte(tmp_path: Path) -> None:
+    # A request of 3 PiB: find-capacity answered "never" above 1 PiB, while a replay with a
+    # larger --capacity ran it without an OOM (issue 26).
+    path = str(tmp_path / "huge.jsonl.gz")
+    write(path, [TraceEvent("alloc", 1, 3 << 50, 0), TraceEvent("free", 1, 0, 0)], {})
+    (row,) = sweep([path], ["defaults"], find_capacity=True, scheduler="synchronous")
+    assert row.min_capacity_bytes == 3 << 50
+    assert replay(load(path), capacity="3PiB").num_ooms == 0
+    assert replay(load(path), capacity=(3 << 50) - GRANULARITY).num_ooms == 1
+    (never,) = sweep(
+        [_one_alloc(tmp_path, (1 << 62) + GRANULARITY)], ["defaults"], find_capacity=True,
+        scheduler="synchronous",
+    )  # fmt: skip
+    assert never.min_capacity_bytes is None and never.report is not None
+
+
+def _one_alloc(tmp_path: Path, nbytes: int) -> str:
+    path = str(tmp_path / f"alloc{nbytes}.jsonl.gz")
+    write(path, [TraceEvent("alloc", 1, nbytes, 0)], {})
+    return path
+
+
 def test_fleet_summary_ranks_and_names_the_winner(
     traces: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._start_state import check_start
-from ._units import format_bytes, parse_bytes
+from ._units import MAX_BYTES, format_bytes, parse_bytes
 from ._verdict import oom_verdict
 from .memory._config import RECORDED, AllocatorConfig, Setting, setting_text
 from .replay import UNLIMITED_CAPACITY, ReplayReport, replay
@@ -468,7 +468,7 @@ def _row_key(r: SweepResult) -> tuple[int, int, int, int]:
     assert r.report is not None  # callers pass replayed rows only
     return (
         r.report.num_ooms,
-        r.min_capacity_bytes if r.min_capacity_bytes is not None else UNLIMITED_CAPACITY,
+        r.min_capacity_bytes if r.min_capacity_bytes is not None else MAX_BYTES,
         r.report.peak_reserved_bytes,
         r.report.num_device_alloc,
     )
@@ -1242,6 +1242,10 @@ def _run_task(task: _Task) -> list[SweepResult]:
     return rows
 
 
+LARGEST_CAPACITY = 1 << 62
+"""The largest simulated capacity ``--find-capacity`` tries (4 EiB) before it answers "never"."""
+
+
 def _min_capacity(
     trace: Trace, config: AllocatorConfig | None, check: ProgressCallback, start: str
 ) -> int | None:
@@ -1261,23 +1265,21 @@ def _min_capacity(
             return False
         return report.num_ooms == 0
 
-    free = replay(
-        trace,
-        device="sim",
-        capacity=UNLIMITED_CAPACITY,
-        config=config,
-        progress=check,
-        start=start,
-    )
-    if free.num_ooms:
-        return None  # a request larger than any device
+    ceiling = UNLIMITED_CAPACITY  # 1 PiB, else up to LARGEST_CAPACITY for huge traces
+    while True:
+        free = replay(
+            trace, device="sim", capacity=ceiling, config=config, progress=check, start=start
+        )
+        if not free.num_ooms:
+            break
+        if ceiling >= LARGEST_CAPACITY:
+            return None  # a request larger than any device
+        ceiling = min(ceiling * 16, LARGEST_CAPACITY)
     if free.peak_reserved_bytes == 0:
         return 0
-    hi = -(-free.peak_reserved_bytes // step) * step
-    while not fits(hi):
-        hi *= 2
-        if hi >= UNLIMITED_CAPACITY:
-            return None
+    hi = min(-(-free.peak_reserved_bytes // step) * step, ceiling)
+    while hi < ceiling and not fits(hi):
+        hi = min(hi * 2, ceiling)  # the ceiling fits: it was just replayed
     lo = max(0, -(-free.peak_requested_bytes // step) * step - step)
     while hi - lo > step:
         mid = lo + (hi - lo) // (2 * step) * step

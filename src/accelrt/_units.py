@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from ._errors import InputError
+
 __all__ = ["format_bytes", "parse_bytes"]
 
 _UNITS: dict[str, int] = {
@@ -26,6 +28,12 @@ _UNITS: dict[str, int] = {
     "mb": 1000**2,
     "gb": 1000**3,
     "tb": 1000**4,
+    "p": 1024**5,
+    "pib": 1024**5,
+    "pb": 1000**5,
+    "e": 1024**6,
+    "eib": 1024**6,
+    "eb": 1000**6,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 MAX_BYTES = 1 << 63
@@ -40,8 +48,9 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
     ----------
     value : int or str
         A non-negative ``int`` (bytes), or a string: a number followed by an optional unit,
-        binary (``KiB``, ``MiB``, ``GiB``, ``TiB``; ``K``/``M``/``G``/``T`` mean the same) or
-        decimal (``KB``, ``MB``, ``GB``, ``TB``). Units are case-insensitive.
+        binary (``KiB``, ``MiB``, ``GiB``, ``TiB``, ``PiB``, ``EiB``; ``K``/``M``/``G``/``T``/
+        ``P``/``E`` mean the same) or decimal (``KB``, ``MB``, ``GB``, ``TB``, ``PB``, ``EB``).
+        Units are case-insensitive.
     name : str
         What the value is, used in error messages (e.g. ``"capacity"``).
 
@@ -54,8 +63,8 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
     ------
     TypeError
         If ``value`` is neither ``int`` nor ``str`` (``bool`` is refused too).
-    ValueError
-        If ``value`` is negative or not below 2**63 bytes, or a string that is not an ASCII
+    InputError
+        (a ``ValueError``) If ``value`` is negative or not below 2**63 bytes, or a string that is not an ASCII
         decimal number with a known unit (``nan``, ``inf``, exponents and non-ASCII digits are
         refused).
 
@@ -73,19 +82,19 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
         )
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0 bytes, got {value}")
+            raise InputError(f"{name} must be >= 0 bytes, got {value}")
         if value >= MAX_BYTES:
-            raise ValueError(f"{name} must be less than 2**63 bytes (8 EiB), got {value}")
+            raise InputError(f"{name} must be less than 2**63 bytes (8 EiB), got {value}")
         return value
     match = _SIZE_RE.match(value)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         shown = value if len(value) <= 60 else value[:57] + "..."
         if value.strip().startswith("-"):
-            raise ValueError(f"{name} must be >= 0 bytes, got {shown!r}")
-        raise ValueError(
+            raise InputError(f"{name} must be >= 0 bytes, got {shown!r}")
+        raise InputError(
             f"cannot parse {name} {shown!r}: expected a number of bytes with an optional unit "
-            "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. '512MiB'"
+            "(B, KiB, MiB, GiB, TiB, PiB, EiB, KB, MB, GB, TB, PB, EB), e.g. '512MiB'"
         )
     number: str = match.group(1)
     multiplier = _UNITS[str(unit)]
@@ -94,14 +103,14 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
     # bound the digits before int(): 2**63 has 19, and Python refuses to convert 4300+
     if len(whole) > 20 or len(frac) > _MAX_FRACTION_DIGITS:
         shown = value.strip() if len(value.strip()) <= 40 else value.strip()[:37] + "..."
-        raise ValueError(
+        raise InputError(
             f"{name} {shown!r} has too many digits: a size must be less than 2**63 bytes "
             f"(8 EiB), with at most {_MAX_FRACTION_DIGITS} decimals"
         )
     scale = 10 ** len(frac)
     nbytes: int = (int(whole or "0") * scale + int(frac or "0")) * multiplier // scale
     if nbytes >= MAX_BYTES:
-        raise ValueError(
+        raise InputError(
             f"{name} {value.strip()!r} is {nbytes} bytes; a size must be less than 2**63 "
             "bytes (8 EiB)"
         )
