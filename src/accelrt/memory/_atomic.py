@@ -6,8 +6,9 @@ would be left with a block in no list, or statistics that disagree with its bloc
 functions that change an allocator are *atomic*: their code objects are registered here, and
 the SIGINT handler installed by :func:`protect_sigint` looks at the interrupted stack. Inside
 an atomic function it only notes the signal (``PENDING``); every atomic function checks that
-note as it returns and hands the signal on (:func:`deliver`), so the program sees its
-KeyboardInterrupt right after the operation, which happened completely or not at all. The
+note as it returns and hands the signal on (:func:`deliver`: at the caller's first bytecode
+outside every atomic function), so the program sees its KeyboardInterrupt right after the
+operation, which happened completely or not at all. The
 hot path pays one flag test per call; a signal arriving before the function's first bytecode
 interrupts before anything changed.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import _thread
 import functools
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
@@ -58,13 +60,45 @@ def register(func: F) -> F:
 
 
 def deliver() -> None:
-    """Hand on a deferred SIGINT, from a helper thread so that it arrives after this return.
+    """Hand on a deferred SIGINT so that it arrives right after the atomic function returns.
 
-    The handler raises it at the first point where no atomic function is running (inside
-    another one it is deferred again, and that one delivers it as it returns).
+    On the main thread, the wrapped handler runs at the first bytecode its callers execute
+    outside every atomic function (a trace function on the calling frames, removed as it
+    fires). Re-sending the signal instead would let it land at the start of the next atomic
+    call, where CPython handles signals, and be deferred again and again: a loop of allocator
+    calls never saw its Ctrl-C. Off the main thread, or while a debugger or coverage tool
+    traces the program, the signal is sent again from a helper thread.
     """
     PENDING.flag = False
-    _thread.start_new_thread(_thread.interrupt_main, ())
+    if threading.current_thread() is not threading.main_thread() or sys.gettrace() is not None:
+        _thread.start_new_thread(_thread.interrupt_main, ())
+        return
+    frame: FrameType | None = sys._getframe(1)
+    traced: list[FrameType] = []
+
+    def on_event(where: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" or _inside_atomic(where):
+            return None if event == "call" else on_event
+        sys.settrace(None)
+        for traced_frame in traced:
+            traced_frame.f_trace = None
+        _wrapped[0](signal.SIGINT, where)  # the program's handler: raises KeyboardInterrupt
+        return None
+
+    while frame is not None:
+        frame.f_trace = on_event
+        frame.f_trace_opcodes = True
+        traced.append(frame)
+        frame = frame.f_back
+    sys.settrace(on_event)  # per-frame tracing runs only while a thread has a trace function
+
+
+def _inside_atomic(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code in _atomic_code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def atomic(func: F) -> F:
@@ -84,11 +118,9 @@ def atomic(func: F) -> F:
 
 
 def _deferring_handler(signum: int, frame: FrameType | None) -> Any:
-    while frame is not None:
-        if frame.f_code in _atomic_code:
-            PENDING.flag = True
-            return None
-        frame = frame.f_back
+    if _inside_atomic(frame):
+        PENDING.flag = True
+        return None
     return _wrapped[0](signum, frame)
 
 
