@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +351,61 @@ def test_unreachable_scheduler_is_one_line(capsys: pytest.CaptureFixture[str]) -
     )
     with pytest.raises(ConnectionError, match=f"^cannot reach the Dask scheduler at {address} "):
         sweep(EXAMPLE, scheduler=address, connect_timeout=0.5)
+
+
+def _serve(handler: Callable[[socket.socket], None]) -> tuple[str, socket.socket]:
+    """A server on a free port whose connections ``handler`` answers, in a thread."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                handler(conn)
+
+    threading.Thread(target=run, daemon=True).start()
+    return f"tcp://127.0.0.1:{server.getsockname()[1]}", server
+
+
+def _http(conn: socket.socket) -> None:
+    with conn:
+        conn.recv(1024)  # an HTTP server waits for the request first
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    ("handler", "answered"),
+    [
+        (_http, "an HTTP server answered ('HTTP/1.0 200 OK'): the Dask dashboard listens on 8787"),
+        (lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"),
+         "something answered with b'SSH-2.0-OpenSSH_9.6\\r\\n', not Dask's handshake"),
+        (lambda conn: None, "something accepted the connection but sent nothing within 2 s"),
+    ],
+)  # fmt: skip
+def test_a_server_that_is_not_dask_is_refused_within_the_timeout(
+    handler: Callable[[socket.socket], None], answered: str
+) -> None:
+    # `accelrt sweep --scheduler` at the dashboard's port waited for ever (issue 25).
+    address, server = _serve(handler)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sweep(EXAMPLE, scheduler=address, connect_timeout=2)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with server:
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(60)  # a hang fails the test instead of stopping the suite
+    assert not thread.is_alive()
+    (error,) = outcome
+    assert isinstance(error, ConnectionError)
+    assert str(error) == (
+        f"{address} is not a Dask scheduler: {answered}; give the scheduler's own address "
+        "(tcp://HOST:8786 by default, printed by `dask scheduler`)"
+    )
 
 
 @pytest.mark.parametrize(

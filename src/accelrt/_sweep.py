@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import uuid
@@ -901,12 +902,64 @@ def _connect(address: str, timeout: float) -> Any:
             f"--scheduler {address} needs dask.distributed: pip install 'accelrt[sweep]'"
         ) from None
     try:
+        if address.startswith("tcp://"):
+            _check_dask_answers(address, timeout)
         return Client(address, timeout=timeout, set_as_default=False)
+    except _NotAScheduler:
+        raise
     except (OSError, TimeoutError):
         raise ConnectionError(
             f"cannot reach the Dask scheduler at {address} within {timeout:g} s; check the "
             "address, or start one there with `dask scheduler`"
         ) from None
+
+
+class _NotAScheduler(ConnectionError):
+    """Something answered at a scheduler address, but not a Dask scheduler."""
+
+
+def _check_dask_answers(address: str, timeout: float) -> None:
+    """Refuse, within ``timeout`` seconds, a ``tcp://`` address where no Dask scheduler listens.
+
+    A Dask scheduler sends its handshake (a framed msgpack map naming ``pickle-protocol``) as
+    soon as it accepts a connection; ``Client`` waits for it without a limit, so another server
+    there (the dashboard's HTTP port, 8787, is the usual mistake) hung the sweep for ever.
+
+    Raises
+    ------
+    OSError
+        If nothing accepts the connection within ``timeout`` (the caller's message).
+    _NotAScheduler
+        A ``ConnectionError``: something answered but is not a Dask scheduler; the message
+        names the address and what answered.
+    """
+    match = _ADDRESS_RE.fullmatch(address)
+    assert match is not None  # checked by _check_scheduler
+    host, port = match.group(2).strip("[]"), int(match.group(3))
+    asking = min(1.0, timeout / 4)  # the end of the timeout: to ask a silent server what it is
+    with socket.create_connection((host, port), timeout=timeout - asking) as probe:
+        try:
+            first = probe.recv(256)
+        except TimeoutError:
+            first = None
+        if first is not None and b"pickle-protocol" in first:
+            return
+        if first is None:  # silent: ask it as an HTTP client would, to say what it is
+            probe.settimeout(asking)
+            with contextlib.suppress(OSError):
+                probe.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
+                first = probe.recv(256)
+    if first and first.startswith(b"HTTP/"):
+        status = first.split(b"\r\n", 1)[0].decode("ascii", "backslashreplace")
+        what = f"an HTTP server answered ({status!r}): the Dask dashboard listens on 8787"
+    elif first:
+        what = f"something answered with {first[:32]!r}, not Dask's handshake"
+    else:
+        what = f"something accepted the connection but sent nothing within {timeout:g} s"
+    raise _NotAScheduler(
+        f"{address} is not a Dask scheduler: {what}; give the scheduler's own address "
+        "(tcp://HOST:8786 by default, printed by `dask scheduler`)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
