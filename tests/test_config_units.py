@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -114,6 +115,17 @@ def test_expandable_segments_on_sim_map_pages(sim: str) -> None:
 )
 def test_parse_bytes(text: str, value: int) -> None:
     assert parse_bytes(text) == value
+
+
+def test_format_bytes_refuses_what_is_not_a_number() -> None:
+    # format_bytes('5') failed on a comparison between str and int (issue 25)
+    with pytest.raises(TypeError) as info:
+        format_bytes("5")  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "format_bytes() takes a number of bytes, got str '5'; parse a size string with "
+        "parse_bytes()"
+    )
+    assert format_bytes(np.int64(5 * MiB)) == "5.00 MiB"
 
 
 @pytest.mark.parametrize(

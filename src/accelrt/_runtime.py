@@ -184,8 +184,23 @@ def require_accelerator() -> Backend:
     """
     backend = accelerator()
     if backend is None or backend.device_count() == 0:
-        raise RuntimeError(NO_ACCELERATOR)
+        raise no_accelerator(backend)
     return backend
+
+
+def no_accelerator(backend: Backend | None) -> RuntimeError:
+    """The error for a program that needs a device where there is none: PyTorch's sentence,
+    then, where a backend was chosen (``ACCELRT_BACKEND``, or found) but has no device, its
+    name and the reason its driver gives (as ``accelrt info`` shows it)."""
+    if backend is None:
+        return RuntimeError(NO_ACCELERATOR)
+    reason = getattr(backend, "unavailable_reason", lambda: None)()
+    chosen = f" ({ENV_BACKEND}={backend.name})" if os.environ.get(ENV_BACKEND, "").strip() else ""
+    reason = str(reason or "its driver reports none").rstrip(". ")
+    return RuntimeError(
+        f"{NO_ACCELERATOR} The {backend.name!r} backend{chosen} has no device: {reason}. "
+        "`accelrt info` lists the devices here."
+    )
 
 
 def device_count() -> int:
@@ -263,7 +278,7 @@ def resolve_device(
         # path below with fewer calls: the device is counted once.
         backend = _chosen[0] if _chosen else accelerator()
         if backend is None or (count := backend.device_count()) == 0:
-            raise RuntimeError(NO_ACCELERATOR)
+            raise no_accelerator(backend)
         if backend.name not in _initialised:
             check_not_forked(backend)
             if init:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 
 from ._errors import InputError
@@ -64,9 +65,9 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
     TypeError
         If ``value`` is neither ``int`` nor ``str`` (``bool`` is refused too).
     InputError
-        (a ``ValueError``) If ``value`` is negative or not below 2**63 bytes, or a string that is not an ASCII
-        decimal number with a known unit (``nan``, ``inf``, exponents and non-ASCII digits are
-        refused).
+        (a ``ValueError``) If ``value`` is negative or not below 2**63 bytes, or a string that
+        is not an ASCII decimal number with a known unit (``nan``, ``inf``, exponents and
+        non-ASCII digits are refused).
 
     Examples
     --------
@@ -131,11 +132,22 @@ def format_bytes(nbytes: int) -> str:
         ``"N bytes"`` up to 1024, then KiB up to 1 MiB, MiB up to 1 GiB, else GiB, with two
         decimals (mirrors ``format_size`` in c10/cuda/CUDACachingAllocator.cpp).
 
+    Raises
+    ------
+    TypeError
+        If ``nbytes`` is not a number (a string such as ``"5"`` is parsed by
+        :func:`parse_bytes`, not formatted).
+
     Examples
     --------
     >>> format_bytes(20 * 1024**2)
     '20.00 MiB'
     """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real):
+        raise TypeError(
+            f"format_bytes() takes a number of bytes, got {type(nbytes).__name__} "
+            f"{nbytes!r:.60}; parse a size string with parse_bytes()"
+        )
     if nbytes <= 1024:
         return f"{nbytes} bytes"
     if nbytes <= 1024**2:

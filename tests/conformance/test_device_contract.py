@@ -103,6 +103,29 @@ def test_current_device_is_per_thread(two_devices: str) -> None:
     assert seen == [0] and acc.current_device_index() == 1
 
 
+def test_a_chosen_backend_without_devices_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ACCELRT_BACKEND=cuda on a machine without a driver said only PyTorch's sentence
+    # (issue 25); the reason is the one `accelrt info` shows.
+    from accelrt.backends.sim import SimBackend
+
+    class NoDriver(SimBackend):
+        def device_count(self) -> int:
+            return 0
+
+        def unavailable_reason(self) -> str:
+            return "no driver could be loaded (libfake.so: not found)."
+
+    monkeypatch.setenv("ACCELRT_BACKEND", "sim")
+    monkeypatch.setattr(_runtime, "_detect", lambda: NoDriver())
+    with pytest.raises(RuntimeError) as info:
+        acc.empty(1)
+    assert str(info.value) == (
+        "Cannot access accelerator device when none is available. The 'sim' backend "
+        "(ACCELRT_BACKEND=sim) has no device: no driver could be loaded (libfake.so: not "
+        "found). `accelrt info` lists the devices here."
+    )
+
+
 def test_no_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_runtime, "AUTO_ORDER", ())
     assert acc.is_available() is False
