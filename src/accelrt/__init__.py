@@ -65,19 +65,25 @@ from .memory import reset_peak_memory_stats as reset_peak_memory_stats
 from .memory import set_allocator_settings as set_allocator_settings
 from .memory import set_per_process_memory_fraction as set_per_process_memory_fraction
 
-if TYPE_CHECKING:
-    from ._sweep import sweep as sweep
-
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from ._sweep import sweep as sweep
+else:
 
-def __getattr__(name: str) -> Any:
-    """``accelrt.sweep``, imported on first use (importing accelrt never imports Dask)."""
-    if name == "sweep":
-        from ._sweep import sweep
+    def sweep(*args: Any, **kwargs: Any) -> Any:
+        """Replay traces under a grid of allocator settings and capacities, in parallel.
 
-        return sweep
-    raise AttributeError(f"module 'accelrt' has no attribute {name!r}")
+        The signature, documentation and errors are those of ``accelrt._sweep.sweep``
+        (docs/sweep.md), which this stub imports on first use and puts in its place:
+        ``import accelrt`` imports neither Dask nor the sweep machinery (70 ms). A stub, not
+        a module ``__getattr__``: CPython does not specialize attribute loads on a module
+        that has one, which made every ``acc.empty`` lookup cost 14 ns more.
+        """
+        from ._sweep import sweep as run
+
+        globals()["sweep"] = run
+        return run(*args, **kwargs)
 
 
 __all__ = [
