@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _runtime
-from ._stream import Stream, current_stream
+from ._stream import CAPTURING, Stream, current_stream
 from .backends._base import Backend, GraphCapture
 from .memory._block import PoolId
 from .memory._core import CachingAllocator
@@ -210,6 +210,7 @@ class Graph:
         self._index = index
         self._capture_stream = stream
         self._allocator = allocator
+        CAPTURING.add(_capture_key(stream))
 
     def capture_end(self) -> None:
         """End the capture begun by ``capture_begin`` (on the stream it began on).
@@ -234,6 +235,7 @@ class Graph:
         try:
             self._graph = self._capture.graph_capture_end(stream.device_index, stream.handle)
         finally:
+            CAPTURING.discard(_capture_key(stream))
             allocator.end_allocate_to_pool(self._mem_pool.id)
         if not self.keep_graph:
             try:
@@ -349,3 +351,7 @@ class Graph:
             else "empty"
         )
         return f"Graph({state}, backend={self._backend.name!r}, pool={self._mem_pool.id})"
+
+
+def _capture_key(stream: Stream) -> tuple[str, int, int]:
+    return (stream.device_type, stream.device_index, stream.handle)

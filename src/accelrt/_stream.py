@@ -57,6 +57,10 @@ else:
     _StreamBase = _native.StreamCore
 
 
+CAPTURING: set[tuple[str, int, int]] = set()
+"""The streams an ``accelrt.Graph`` captures on now: (backend name, device index, handle)."""
+
+
 class Stream(_StreamBase):
     """A queue of device work that runs in order; work on different streams may overlap.
 
@@ -190,6 +194,43 @@ class Stream(_StreamBase):
     def priority(self) -> int:
         """The priority the stream was created with."""
         return self._priority
+
+    @property
+    def stream_id(self) -> int:
+        """The stream's id: its backend handle (0 is the device's default stream).
+
+        Mirrors ``torch.Stream.stream_id``; with ``device_index`` and ``device_type`` it
+        rebuilds the stream (``Stream.from_handle``). Unlike PyTorch's, it packs no stream
+        type into its bits (docs/conformance.md)."""
+        return self._handle
+
+    @property
+    def device_type(self) -> str:
+        """The stream's device type, the backend's name (``"opencl"``, ``"cuda"``, ``"sim"``).
+
+        Mirrors ``torch.Stream.device_type``."""
+        return self._backend.name
+
+    @property
+    def native_handle(self) -> int:
+        """The backend's own stream object, as an int: the ``CUstream`` on ``cuda``, the
+        ``cl_command_queue`` on ``opencl``, the handle itself on ``sim``.
+
+        Mirrors ``torch.Stream.native_handle``; pass it to native libraries on the same device.
+
+        Raises
+        ------
+        ValueError
+            If the stream was destroyed (OpenCL: the queue is gone).
+        """
+        native = getattr(self._backend, "native_stream", None)
+        return self._handle if native is None else int(native(self._index, self._handle))
+
+    def is_capturing(self) -> bool:
+        """True while an ``accelrt.Graph`` captures the work submitted to this stream.
+
+        Mirrors ``torch.Stream.is_capturing``."""
+        return (self._backend.name, self._index, self._handle) in CAPTURING
 
     @property
     def __cuda_stream__(self) -> Callable[[], tuple[int, int]]:

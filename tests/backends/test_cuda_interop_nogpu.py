@@ -526,13 +526,18 @@ def test_graph_capture_and_replay(gpu: GraphDriver) -> None:
     src = acc.empty(MiB)
     graph = acc.Graph()
     stream = acc.Stream()
+    assert not stream.is_capturing()
     with stream, graph:
         assert graph.is_capturing and gpu.capturing == {
             stream.handle: "CU_STREAM_CAPTURE_MODE_GLOBAL"
         }
+        assert stream.is_capturing() and acc.Stream.from_handle(stream.handle).is_capturing()
+        assert not acc.current_stream(0).is_capturing() or acc.current_stream(0) == stream
         out = acc.empty(MiB)
         acc.copy_(out, src)
-    assert not graph.is_capturing and not gpu.capturing
+    assert not graph.is_capturing and not gpu.capturing and not stream.is_capturing()
+    assert stream.native_handle == stream.handle == stream.stream_id  # the CUstream itself
+    assert stream.device_type == "cuda"
     assert graph.mem_pool.memory_allocated() == MiB  # captured allocations: the private pool
     assert acc.memory_allocated() == 2 * MiB
     (graph_handle,) = [args[0] for name, args in gpu.calls if name == "cuGraphInstantiate"]

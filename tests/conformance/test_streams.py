@@ -53,6 +53,19 @@ def test_stream_rebuilt_from_handle_and_device_compares_equal(device: str) -> No
         acc.Stream.from_handle(-1)
 
 
+def test_torch_stream_attributes(device: str) -> None:
+    # torch.Stream's stream_id, device_type, native_handle and is_capturing (issue 25)
+    s = acc.Stream()
+    assert (s.stream_id, s.device_type, s.device_index) == (s.handle, device, 0)
+    assert acc.Stream.from_handle(s.stream_id, f"{s.device_type}:{s.device_index}") == s
+    assert not s.is_capturing() and not acc.current_stream().is_capturing()
+    if device == "opencl":
+        queue = acc.backends.get_backend("opencl").queue(0, s.handle)
+        assert s.native_handle == queue.int_ptr != s.handle  # the cl_command_queue
+    else:
+        assert s.native_handle == s.handle
+
+
 def test_context_manager_returns_nests_reenters_and_restores(device: str) -> None:
     default = acc.current_stream()
     s, t = acc.Stream(), acc.Stream()

@@ -552,6 +552,12 @@ class OpenCLBackend:
         """
         return self._stream(index, stream).queue
 
+    def native_stream(self, index: int, stream: int) -> int:
+        """Return the ``cl_command_queue`` behind a stream handle, as an int (``Stream.
+        native_handle``); ``ValueError`` if ``stream`` is not a live stream of device ``index``.
+        """
+        return int(self.queue(index, stream).int_ptr)
+
     def stream_destroy(self, index: int, stream: int) -> None:
         """Finish and drop the queue."""
         state = self._state.get(index)
