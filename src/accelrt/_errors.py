@@ -6,6 +6,13 @@
      └── AcceleratorError            a device, stream or event operation failed
           └── OutOfMemoryError       (also a MemoryError) the allocator could not get memory
     ValueError / TypeError           bad arguments (plain built-ins, never wrapped)
+     └── InputError                  (a ValueError) bad input from the user: a file, an
+          │                          option, a setting; raised on purpose by the readers and
+          │                          validators, and the only ValueError the ``accelrt``
+          │                          command shows as a one-line error (status 2)
+          ├── TraceFormatError       (accelrt.trace) a malformed trace or snapshot file
+          └── StartStateError        (accelrt._start_state) a recording's start cannot be
+                                     built under a setting
 
 ``OutOfMemoryError`` carries the figures its message states, so programs can react to them
 without parsing text, and it pickles (it crosses process boundaries in multiprocessing pools).
@@ -15,7 +22,21 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AcceleratorError", "OutOfMemoryError"]
+__all__ = ["AcceleratorError", "InputError", "OutOfMemoryError"]
+
+
+class InputError(ValueError):
+    """Bad input from the user, found on purpose: a malformed file, a bad option or setting.
+
+    Raised by accelrt's readers and validators where what they were given cannot be used (a
+    trace line that is not an event, a setting out of range, an unknown scheduler...); the
+    message says what is wrong and, where there is one, names the file and the place in it.
+    A ``ValueError``, so that code catching ``ValueError`` for bad arguments keeps working.
+
+    The ``accelrt`` command prints an ``InputError`` as one line, ``accelrt CMD: error:
+    MESSAGE``, with exit status 2; any other exception reaching it is a bug in accelrt and is
+    reported as one (its traceback and exit status 70; see :func:`accelrt.cli.main`).
+    """
 
 
 class AcceleratorError(RuntimeError):
