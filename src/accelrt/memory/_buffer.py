@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,9 +18,10 @@ if TYPE_CHECKING:
     from ._allocator import CachingAllocator
     from ._block import Block
 
-__all__ = ["ArrayOwner", "Buffer", "FreedWhenCollected", "MemoryHandle"]
+__all__ = ["ArrayOwner", "Buffer", "ExportPin", "FreedWhenCollected", "MemoryHandle"]
 
 _H = TypeVar("_H", bound="MemoryHandle")
+_new_pin_lock = threading.Lock()  # two threads' first exports of one handle share one pin
 
 
 class ArrayOwner:
@@ -32,8 +35,9 @@ class ArrayOwner:
 
 
 class MemoryHandle:
-    """What :class:`Buffer` and ``HostBuffer`` share: use as a context manager, ``len``, and
-    the DLPack export of ``numpy()``."""
+    """What :class:`Buffer` and ``HostBuffer`` share: use as a context manager, ``len``, the
+    DLPack export of ``numpy()``, and the rule that memory outlives ``free()`` while an export
+    of it lives (:class:`ExportPin`)."""
 
     __slots__ = ()
     nbytes: int
@@ -51,6 +55,9 @@ class MemoryHandle:
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
         """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
+
+        The capsule is numpy's, of a ``numpy()`` view: it keeps the memory as that view does
+        (a ``free()`` before the consumer is done takes effect when the consumer is).
 
         Raises
         ------
@@ -92,6 +99,56 @@ class MemoryHandle:
     def __len__(self) -> int:
         return self.nbytes
 
+    def _live_pin(self) -> ExportPin | None:
+        """The pin of this handle's live exports, or None when there is none."""
+        handle: Any = self  # a Buffer or HostBuffer: both have _pin, _block and _allocator
+        held: ExportPin | weakref.ref[ExportPin] | None = handle._pin
+        if held is None or isinstance(held, ExportPin):  # kept for the handle's lifetime
+            return held
+        return held()  # a weak reference: None once the last export died
+
+    def _export_pin(self) -> ExportPin:
+        """The pin a new export holds: the live one, else a new one the handle refers to
+        weakly (so that it dies with the last export)."""
+        pin = self._live_pin()
+        if pin is None:
+            with _new_pin_lock:
+                pin = self._live_pin()
+                if pin is None:
+                    pin = ExportPin()
+                    handle: Any = self
+                    handle._pin = weakref.ref(pin)
+        return pin
+
+    def _defer_free(self, block: Any) -> bool:
+        """``free()``'s path for a handle that made exports (``_pin`` set): give ``block``,
+        which the handle has already let go of, to the live pin and return True (the pin's
+        finaliser frees it); return False if no export is left (free it now)."""
+        handle: Any = self
+        try:  # atomic: the block is in the pin exactly when this returns True
+            pin = self._live_pin()
+            if pin is None:
+                return False
+            pin._allocator = handle._allocator
+            pin._block = block
+            return True
+        finally:
+            if PENDING.flag:
+                deliver()
+
+    def _exported_array(self, view: Any) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """A ``uint8`` numpy array over ``view`` (a writable buffer of the memory) that holds
+        this handle and its export pin: the memory outlives ``free()`` while the array (or a
+        slice of it, or a DLPack capsule of it) lives."""
+        import numpy as np
+
+        array = np.frombuffer(view, dtype=np.uint8)
+        owner = (self, self._export_pin(), array)
+        return np.asarray(ArrayOwner(array.__array_interface__, owner))
+
+
+register(MemoryHandle._defer_free)
+
 
 class FreedWhenCollected:
     """The Python finaliser of memory handles (``HostBuffer``, and ``Buffer`` where the
@@ -118,12 +175,39 @@ class FreedWhenCollected:
 register(FreedWhenCollected.__del__)
 
 
+class ExportPin(FreedWhenCollected):
+    """What every export of a memory handle's memory holds, besides the handle itself.
+
+    The exports are ``numpy()`` views (their slices and views keep them through ``base``, and
+    numpy's DLPack capsules through the array), the CUDA DLPack capsule, and a host buffer's
+    buffer-protocol view. A handle makes one pin for all its live exports and refers to it
+    weakly, so the pin dies with the last of them. When ``free()`` runs while the pin lives,
+    the handle reads as freed at once, but its block goes to the pin instead of the allocator:
+    it stays allocated (and counted in ``memory_allocated()``) until the last export dies,
+    and then the pin's finaliser frees it through the allocator's ``free_soon``, which is safe
+    anywhere, even inside an allocator call (PyTorch keeps a storage alive while a tensor
+    views it). After ``__cuda_array_interface__`` was read, whose consumers hold the
+    ``Buffer`` itself, the buffer holds its pin strongly instead: the block is then freed when
+    the buffer is collected.
+    """
+
+    __slots__ = ("__weakref__", "_allocator", "_block")
+
+    def __init__(self) -> None:
+        self._allocator: Any = None  # set with _block, by MemoryHandle._defer_free
+        self._block: Any = None
+
+
 class _BufferFields(FreedWhenCollected):
     """The fields, ``free`` and finaliser of :class:`Buffer` in Python, where the compiled
     core does not run (elsewhere ``Buffer`` is memory/_native.pyx's compiled type, this
     class's twin, given the Python-level part, ``_BufferAPI``)."""
 
-    __slots__ = ("__weakref__", "_allocator", "_block", "_stream", "nbytes", "ptr")
+    __slots__ = ("__weakref__", "_allocator", "_block", "_pin", "_stream", "nbytes", "ptr")
+
+    if TYPE_CHECKING:  # from MemoryHandle, through Buffer
+
+        def _defer_free(self, block: Block) -> bool: ...
 
     def __init__(
         self,
@@ -134,15 +218,21 @@ class _BufferFields(FreedWhenCollected):
     ) -> None:
         self._allocator = allocator
         self._block = block
+        self._pin: ExportPin | weakref.ref[ExportPin] | None = None  # set by the first export
         self._stream = stream
         self.nbytes = nbytes
         self.ptr = block.address if block is not None else 0
 
     def free(self) -> None:
-        """Give the memory back to the caching allocator. Freeing twice does nothing."""
-        try:  # atomic: the block is freed exactly when the buffer lets go of it
+        """Give the memory back to the caching allocator, or to the exports that still view
+        it; see ``Buffer``'s Notes. Freeing twice does nothing."""
+        try:  # atomic: the block is freed (or deferred) exactly when the buffer lets go of it
             block, self._block = self._block, None
-            if block is not None and self._allocator is not None:
+            if (
+                block is not None
+                and self._allocator is not None
+                and (self._pin is None or not self._defer_free(block))
+            ):
                 self._allocator.free(block)
         finally:
             if PENDING.flag:
@@ -176,6 +266,17 @@ class _BufferAPI(MemoryHandle):
     caching allocator (not to the device). If another stream used the memory, call
     ``accelrt.record_stream(buffer, stream)`` first, as with ``torch.Tensor.record_stream``.
     Not thread-safe to free from two threads at once.
+
+    The memory outlives ``free()`` while an export views it, as a PyTorch storage outlives
+    ``del`` of its tensor while another tensor views it. ``free()`` makes the buffer read as
+    freed at once (``freed`` is True; ``block``, ``numpy()``, DLPack, ``copy_`` and
+    ``record_stream`` raise ``ValueError``; a second ``free()`` does nothing), but while a
+    ``numpy()`` view, a slice or view of one, or a DLPack capsule lives, the block stays
+    allocated (counted in ``memory_allocated()``, handed to no other buffer) and returns to
+    the allocator when the last of them is gone, wherever that happens. Once
+    ``__cuda_array_interface__`` was read, whose consumers keep the buffer object itself, the
+    block returns when the buffer is garbage-collected (the program and every consumer have
+    dropped it).
     """
 
     __slots__ = ()
@@ -240,9 +341,13 @@ class _BufferAPI(MemoryHandle):
 
         Notes
         -----
-        The consumer does not keep the buffer alive: keep it until the consumer is done. If
-        the consumer uses the memory on another stream, ``accelrt.record_stream`` it before
-        freeing, as for any buffer.
+        Consumers keep the object whose interface they read (CuPy, Numba and PyTorch do), so
+        once the interface was read the block outlives ``free()`` until the buffer is
+        garbage-collected: ``free()`` marks the buffer freed, and the block returns to the
+        allocator when the program and every consumer have dropped the buffer. A consumer
+        that keeps only the pointer must be done before the buffer is dropped. If the consumer
+        uses the memory on another stream, ``accelrt.record_stream`` it before freeing, as
+        for any buffer.
         """
         stream = self._stream
         if stream._backend.name != "cuda":
@@ -251,6 +356,8 @@ class _BufferAPI(MemoryHandle):
             )
         if self.nbytes:
             self.block  # noqa: B018 (raises ValueError if freed)
+            handle: Any = self  # _pin is a field of each core's Buffer
+            handle._pin = self._export_pin()  # held by the buffer: its consumers hold it
         return {
             "shape": (self.nbytes,),
             "typestr": "|u1",
@@ -299,7 +406,9 @@ class _BufferAPI(MemoryHandle):
         Returns
         -------
         PyCapsule
-            It keeps the buffer alive until the consumer deletes the tensor.
+            It keeps the buffer alive until the consumer deletes the tensor, and the memory
+            too: a ``free()`` before then marks the buffer freed, and the block returns to the
+            allocator when the tensor is deleted (or the unconsumed capsule destroyed).
 
         Raises
         ------
@@ -355,7 +464,8 @@ class _BufferAPI(MemoryHandle):
         from . import _dlpack
 
         versioned = max_version is not None and tuple(max_version) >= _dlpack.DLPACK_VERSION
-        return _dlpack.to_capsule(self.ptr, self.nbytes, 2, device[1], self, versioned)
+        owner = (self, self._export_pin())
+        return _dlpack.to_capsule(self.ptr, self.nbytes, 2, device[1], owner, versioned)
 
     def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
@@ -363,7 +473,9 @@ class _BufferAPI(MemoryHandle):
         Returns
         -------
         numpy.ndarray
-            1-D, ``nbytes`` long, writable; it keeps the buffer alive.
+            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
+            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
+            the block returns to the allocator when the last of them is gone.
 
         Raises
         ------
@@ -377,9 +489,9 @@ class _BufferAPI(MemoryHandle):
         Does not synchronize: call ``buffer.stream.synchronize()`` before reading memory that
         device work may still be writing.
         """
-        import numpy as np
-
         if self.nbytes == 0:
+            import numpy as np
+
             return np.empty(0, dtype=np.uint8)
         block = self.block
         device = self.device
@@ -388,8 +500,7 @@ class _BufferAPI(MemoryHandle):
             raise TypeError(
                 f"memory of {device} is not host-accessible; copy it with accelrt.copy_(host, buf)"
             )
-        array = np.frombuffer(view, dtype=np.uint8)
-        return np.asarray(ArrayOwner(array.__array_interface__, (self, array)))
+        return self._exported_array(view)
 
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""

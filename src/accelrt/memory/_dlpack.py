@@ -2,10 +2,11 @@
 
 A capsule holds a ``DLManagedTensor`` (capsule name ``"dltensor"``) or, for consumers that ask
 for DLPack 1.x with ``max_version``, a ``DLManagedTensorVersioned`` (``"dltensor_versioned"``)
-describing a 1-D ``uint8`` tensor. The structs, their shape array and the owner (the Buffer)
-are kept in :data:`_LIVE` until the tensor's deleter runs: the consumer calls it when it is done
-(after renaming the capsule to ``"used_dltensor"``), or the capsule's destructor does when no
-consumer took the capsule. This module imports nothing from accelrt.
+describing a 1-D ``uint8`` tensor. The structs, their shape array and the owner (the Buffer
+and its export pin: a ``free()`` meanwhile leaves the block to the pin) are kept in
+:data:`_LIVE` until the tensor's deleter runs: the consumer calls it when it is done (after
+renaming the capsule to ``"used_dltensor"``), or the capsule's destructor does when no consumer
+took the capsule; the block is freed then. This module imports nothing from accelrt.
 """
 
 from __future__ import annotations

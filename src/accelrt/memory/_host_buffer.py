@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from .._device import Device
 from .._stream import Stream
 from ._atomic import PENDING, deliver, register
-from ._buffer import ArrayOwner, FreedWhenCollected, MemoryHandle
+from ._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,8 +34,11 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
     garbage collection returns the memory to the host caching allocator (not to the system);
     freeing twice does nothing. Any other use of a freed buffer (``ptr``, ``numpy()``,
     DLPack, the buffer protocol, ``accelrt.copy_``, ``accelrt.record_stream``) raises
-    ``ValueError``. Views taken before the free (``numpy()``) must not be used after it: the
-    memory may already belong to another buffer.
+    ``ValueError``. The memory outlives ``free()`` while an export views it (a ``numpy()``
+    view, a slice or view of one, a DLPack capsule, a buffer-protocol view): the buffer reads
+    as freed at once, but its block stays allocated (counted in ``host_memory_stats()``,
+    handed to no other buffer) and returns to the allocator when the last export is gone,
+    wherever that happens, as a PyTorch storage outlives its tensor while another views it.
 
     ``accelrt.copy_`` between a HostBuffer and a device ``Buffer`` is asynchronous on its
     stream and records the stream on the buffer, so the memory is not reused before the copy
@@ -57,7 +61,8 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
     """
 
     __slots__ = (
-        "__weakref__", "_address", "_allocator", "_block", "_device", "_pinned", "_view", "nbytes",
+        "__weakref__", "_address", "_allocator", "_block", "_device", "_pin", "_pinned", "_view",
+        "nbytes",
     )  # fmt: skip
 
     def __init__(
@@ -74,6 +79,7 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
         self._device = device
         self._pinned = pinned
         self._view: memoryview | None = None  # made on first use by _memoryview
+        self._pin: ExportPin | weakref.ref[ExportPin] | None = None  # set by the first export
         self.nbytes = nbytes
 
     @property
@@ -139,11 +145,17 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
         Notes
         -----
         The block is reused once the work of every stream that used it (``copy_``,
-        ``record_stream``) has completed. Thread-safe.
+        ``record_stream``) has completed. While an export of the memory lives (``numpy()``,
+        DLPack, the buffer protocol), the buffer reads as freed at once but the block goes
+        back only when the last export is gone. Thread-safe.
         """
-        try:  # atomic: the block is freed exactly when the buffer lets go of it
+        try:  # atomic: the block is freed (or deferred) exactly when the buffer lets go of it
             block, self._block = self._block, None
-            if block is not None and self._allocator is not None:
+            if (
+                block is not None
+                and self._allocator is not None
+                and (self._pin is None or not self._defer_free(block))
+            ):
                 self._allocator.free(block)
         finally:
             if PENDING.flag:
@@ -175,7 +187,8 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
         self.allocator.record_stream(block, stream._index, stream._handle)
 
     def _memoryview(self) -> memoryview:
-        """A writable, 1-D ``uint8`` view of the memory (it does not keep the buffer alive).
+        """A writable, 1-D ``uint8`` view of the memory, for accelrt's own use (copies): it
+        keeps neither the buffer nor the memory alive, so it is no export.
 
         Made once (a ctypes array and two views cost about 0.4 us; copies ask on every call).
 
@@ -200,7 +213,9 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
         Returns
         -------
         numpy.ndarray
-            1-D, ``nbytes`` long, writable; it keeps the buffer alive.
+            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
+            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
+            the block returns to the allocator when the last of them is gone.
 
         Raises
         ------
@@ -212,19 +227,24 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
         Does not synchronize: synchronize the stream of a copy before reading what it writes,
         or writing what it reads.
         """
-        import numpy as np
-
         if self.nbytes == 0:
+            import numpy as np
+
             return np.empty(0, dtype=np.uint8)
-        array = np.frombuffer(self._memoryview(), dtype=np.uint8)
-        return np.asarray(ArrayOwner(array.__array_interface__, (self, array)))
+        return self._exported_array(self._memoryview())
 
     def __buffer__(self, flags: int) -> memoryview:
         """The buffer protocol (PEP 688, Python 3.12+): a writable 1-D ``uint8`` view.
 
-        Raises ``ValueError`` if the buffer was freed. The view does not keep the buffer alive.
+        The view is one of ``numpy()``'s and keeps the buffer and its memory as that does (a
+        ``free()`` while it lives takes effect when it is released).
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed.
         """
-        return self._memoryview()
+        return self.numpy().data
 
     def __repr__(self) -> str:
         state = ", freed" if self.freed else ""

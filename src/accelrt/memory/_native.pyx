@@ -935,12 +935,15 @@ cdef class Buffer:
     # core Buffer is a Python class with the same fields (_BufferFields). A final type with a
     # free list: making and dropping a buffer allocates nothing and runs no Python code.
     # Not tracked by the garbage collector (no_gc): it has no __dict__, and what its fields
-    # reach (the allocator, its blocks, a stream) refers to no buffer but through a stream's
-    # held host objects (a copy from buf.numpy()), which the backend's state reaches until
-    # the copy has finished: never an unreachable cycle for the collector to find. Tracking
-    # it cost 7 ns of a 187 ns empty(n).free().
+    # reach (the allocator, its blocks, a stream, an export pin or a weak reference to one)
+    # refers to no buffer but through a stream's held host objects (a copy from buf.numpy()),
+    # which the backend's state reaches until the copy has finished: never an unreachable
+    # cycle for the collector to find. Tracking it cost 7 ns of a 187 ns empty(n).free().
+    # _pin is None until the memory is exported (memory/_buffer.py ExportPin): free() then
+    # leaves the block to the exports' pin while one lives; a buffer that was never exported
+    # pays one field test for it.
 
-    cdef public object _allocator, _block, _stream, nbytes
+    cdef public object _allocator, _block, _pin, _stream, nbytes
     cdef readonly int64_t ptr
     cdef object __weakref__
 
@@ -955,10 +958,13 @@ cdef class Buffer:
         return self.nbytes
 
     def free(self):
-        """Give the memory back to the caching allocator. Freeing twice does nothing."""
+        """Give the memory back to the caching allocator, or to the exports that still view
+        it; see ``Buffer``'s Notes. Freeing twice does nothing."""
         block = self._block
         self._block = None
         if block is None or self._allocator is None:
+            return
+        if self._pin is not None and self._defer_free(block):  # MemoryHandle's, adopted
             return
         if isinstance(self._allocator, HotPath):
             (<HotPath>self._allocator).free_c(block)
@@ -969,7 +975,9 @@ cdef class Buffer:
         # The finaliser (a __dealloc__, not a __del__: no Python-level call on every buffer's
         # death). It may run anywhere, even inside an allocator call on this thread (the
         # garbage collector runs when objects are made): the block is then freed as that call
-        # ends, never half-way through it.
+        # ends, never half-way through it. Exports hold the buffer, so none is left now; a
+        # block free() left to their pin is the pin's to free (a pin the buffer held, after
+        # __cuda_array_interface__, goes with this buffer's fields).
         block = self._block
         if block is None or self._allocator is None:
             return
