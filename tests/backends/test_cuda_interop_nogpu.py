@@ -488,6 +488,25 @@ def test_numba_emm_plugin_allocates_from_accelrt(gpu: GraphDriver, fake_numba: b
     assert acc.memory_reserved() == 0  # reset emptied accelrt's cache
 
 
+def test_numba_finalizer_inside_an_allocator_call_waits_for_it(
+    gpu: GraphDriver, fake_numba: bool
+) -> None:
+    # Numba runs the finaliser from weakref.finalize, so wherever the collector runs, even
+    # inside an allocator call: it must not free there (it called buffer.free(), re-entering).
+    from accelrt.interop import numba as acc_numba
+
+    manager = acc_numba.AccelrtNumbaManager(_context())
+    manager.initialize()
+    pointer = manager.memalloc(5000)
+    block = pointer.finalizer.buffer.block
+    allocator = acc.memory.get_allocator()
+    with allocator._lock:  # as if the collector ran the finaliser inside an allocator call
+        pointer.finalizer()
+        assert block.allocated
+    acc.empty(1).free()  # the next call frees it first
+    assert not block.allocated and acc.memory_allocated() == 0
+
+
 def test_numba_plugin_needs_the_cuda_backend(sim: str, fake_numba: bool) -> None:
     from accelrt.interop import numba as acc_numba
 
@@ -659,3 +678,11 @@ def test_an_error_in_the_capture_block_wins(gpu: GraphDriver) -> None:
         raise KeyError("boom")
     assert not graph.is_capturing
     assert graph.mem_pool.memory_allocated() == 0
+
+
+def test_the_readme_graph_example(gpu: GraphDriver, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_readme import examples, run_example
+
+    said = run_example(examples()[2])
+    assert capsys.readouterr().out.splitlines() == said == ["1048576 2097152"]
+    assert len(gpu.launches) == 3 and len({executable for executable, _ in gpu.launches}) == 1

@@ -144,13 +144,28 @@ def _manager_class() -> type:
     return AccelrtNumbaManager
 
 
-def _finalizer(buffer: Buffer) -> Any:
+class _Release:
+    """Numba's finaliser of a ``MemoryPointer``: lets go of the ``Buffer`` behind it.
+
+    Numba runs it from ``weakref.finalize`` when the pointer is collected, which may be in
+    the middle of an accelrt allocator call on this thread (the garbage collector runs where
+    objects are made). So it does not call ``buffer.free()``, which would re-enter that call:
+    it drops the only reference, and the buffer's own finaliser frees the block, at once or,
+    inside an allocator call, as that call ends.
+    """
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: Buffer) -> None:
+        self.buffer: Buffer | None = buffer
+
+    def __call__(self) -> None:
+        self.buffer = None
+
+
+def _finalizer(buffer: Buffer) -> _Release:
     """A finaliser that frees ``buffer`` without keeping the MemoryPointer alive."""
-
-    def free() -> None:
-        buffer.free()
-
-    return free
+    return _Release(buffer)
 
 
 def use_accelrt_allocator() -> None:
