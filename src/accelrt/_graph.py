@@ -91,6 +91,7 @@ class Graph:
         "_capturing",
         "_exec",
         "_graph",
+        "_holds_pool",
         "_index",
         "_mem_pool",
         "capture_error_mode",
@@ -107,6 +108,7 @@ class Graph:
         self._graph: Any = None
         self._exec: Any = None
         self._capturing = False
+        self._holds_pool = False  # a capture counts in the pool's use_count until reset
         if not isinstance(keep_graph, bool):
             raise TypeError(f"keep_graph must be a bool, got {keep_graph!r}")
         if capture_error_mode not in CAPTURE_ERROR_MODES:
@@ -211,6 +213,9 @@ class Graph:
         self._capture_stream = stream
         self._allocator = allocator
         CAPTURING.add(_capture_key(stream))
+        if not self._holds_pool:
+            self._holds_pool = True
+            self._mem_pool._users += 1
 
     def capture_end(self) -> None:
         """End the capture begun by ``capture_begin`` (on the stream it began on).
@@ -303,6 +308,9 @@ class Graph:
         """
         if self._capturing:
             raise RuntimeError("cannot reset a graph while it is capturing; call capture_end()")
+        if self._holds_pool:
+            self._holds_pool = False
+            self._mem_pool._users -= 1
         executable, self._exec = self._exec, None
         graph, self._graph = self._graph, None
         if executable is not None:

@@ -555,6 +555,7 @@ def test_graph_capture_and_replay(gpu: GraphDriver) -> None:
         out = acc.empty(MiB)
         acc.copy_(out, src)
     assert not graph.is_capturing and not gpu.capturing and not stream.is_capturing()
+    assert graph.mem_pool.use_count() == 2  # the pool object and the graph's capture
     assert stream.native_handle == stream.handle == stream.stream_id  # the CUstream itself
     assert stream.device_type == "cuda"
     assert graph.mem_pool.memory_allocated() == MiB  # captured allocations: the private pool
@@ -570,6 +571,7 @@ def test_graph_capture_and_replay(gpu: GraphDriver) -> None:
     assert "Graph(instantiated" in repr(graph)
     graph.reset()
     assert not gpu.execs and repr(graph).startswith("Graph(empty")
+    assert graph.mem_pool.use_count() == 1
     with stream, graph:  # recapture after reset
         pass
     assert len(gpu.execs) == 1

@@ -124,6 +124,21 @@ def test_pools_exited_out_of_order_leave_the_routing_consistent(sim: str) -> Non
     assert owners == {"after p1 exit": p2.id, "after both exits": (0, 0)}
 
 
+def test_use_count_counts_the_object_and_its_contexts(sim: str) -> None:
+    pool = MemPool()
+    assert pool.use_count() == 1
+    seen: list[int] = []
+    with use_mem_pool(pool):
+        seen.append(pool.use_count())
+        with use_mem_pool(pool):
+            seen.append(pool.use_count())
+            thread = threading.Thread(target=lambda: seen.append(pool.use_count()))
+            thread.start()
+            thread.join()
+        seen.append(pool.use_count())
+    assert seen == [2, 3, 3, 2] and pool.use_count() == 1
+
+
 def test_a_pool_belongs_to_one_device(sim: str) -> None:
     pool = MemPool()
     with use_mem_pool(pool, device=0):

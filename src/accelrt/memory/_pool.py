@@ -56,12 +56,21 @@ class MemPool:
     >>> buf.free()
     """
 
-    __slots__ = ("__weakref__", "_allocator", "id")
+    __slots__ = ("__weakref__", "_allocator", "_users", "id")
 
     def __init__(self) -> None:
         with _ids_lock:
             self.id: PoolId = (0, next(_ids))
         self._allocator: CachingAllocator | None = None
+        self._users = 0  # use_mem_pool contexts inside, graphs holding a capture
+
+    def use_count(self) -> int:
+        """Return how many hold the pool: 1 for this object, plus each ``use_mem_pool``
+        context inside (on any thread) and each ``accelrt.Graph`` that captured into it and
+        was not reset.
+
+        Mirrors ``torch.cuda.MemPool.use_count`` (the private pool's reference count)."""
+        return 1 + self._users
 
     @property
     def device(self) -> Device | None:
@@ -136,7 +145,9 @@ def use_mem_pool(pool: MemPool, device: DeviceLike = None) -> Iterator[None]:
     allocator = get_allocator(backend, index)
     pool._bind(allocator)
     allocator.begin_allocate_to_pool(pool.id)
+    pool._users += 1
     try:
         yield
     finally:
+        pool._users -= 1
         allocator.end_allocate_to_pool(pool.id)
