@@ -55,7 +55,10 @@ def test_history_modes_and_ring_buffer(sim: str) -> None:
     assert entries[0]["frames"] and entries[1]["frames"] == []  # 'alloc': no stacks on frees
     acc.record_memory_history(enabled="state", context=None)
     kept = acc.empty(10)
-    assert acc.memory_snapshot()["device_traces"][0] == []  # "state" keeps no trace
+    again = acc.memory_snapshot()["device_traces"][0]
+    assert again == entries  # "state" records no entry; what was recorded stays (PyTorch)
+    acc.record_memory_history(enabled="state", context=None, clear_history=True)
+    assert acc.memory_snapshot()["device_traces"][0] == []
     block = acc.memory_snapshot()["segments"][0]["blocks"][0]
     assert block["state"] == "active_allocated" and block["frames"] == []
     acc.record_memory_history(enabled=None)
@@ -66,9 +69,46 @@ def test_history_modes_and_ring_buffer(sim: str) -> None:
         ({"context": "x"}, "context must be 'all', 'alloc', 'state' or None"),
         ({"stacks": "cpp"}, "stacks must be 'python' or 'all'"),
         ({"max_entries": 0}, "max_entries must be an int >= 1, got 0"),
+        (
+            {"skip_actions": ["alloc", "mallocs"]},
+            "skip_actions: unknown action 'mallocs'; the "
+            "actions are alloc, free_completed, free_requested, oom, segment_alloc, segment_free, "
+            "segment_map, segment_unmap",
+        ),
     ):
         with pytest.raises(ValueError, match=match):
             acc.record_memory_history(**bad)  # type: ignore[arg-type]
+
+
+def test_skip_actions_clear_history_and_a_pool_of_its_own(sim: str) -> None:
+    # record_memory_history's skip_actions and clear_history, memory_snapshot's mempool_id
+    # and include_traces, as PyTorch 2.13 has them (issue 25)
+    acc.record_memory_history(skip_actions=["free_requested", "segment_alloc"])
+    a = acc.empty(100)
+    a.free()
+    entries = acc.memory_snapshot()["device_traces"][0]
+    assert _actions(entries) == [("alloc", 100), ("free_completed", 100)]  # type: ignore[arg-type]
+    acc.record_memory_history()  # again: keeps what was recorded, records everything now
+    b = acc.empty(100)
+    assert [e["action"] for e in acc.memory_snapshot()["device_traces"][0]] == [
+        "alloc", "free_completed", "alloc",
+    ]  # fmt: skip
+    acc.record_memory_history(clear_history=True)
+    assert acc.memory_snapshot()["device_traces"][0] == []
+    pool = acc.memory.MemPool()
+    with acc.memory.use_mem_pool(pool):
+        c = acc.empty(3 * MiB)
+    mine = acc.memory_snapshot(mempool_id=pool.id, include_traces=False)
+    assert [s["segment_pool_id"] for s in mine["segments"]] == [pool.id]
+    assert mine["segments"][0]["allocated_size"] == 3 * MiB
+    assert mine["device_traces"] == [[], []]
+    default = acc.memory_snapshot(mempool_id=(0, 0))
+    assert {s["segment_pool_id"] for s in default["segments"]} == {(0, 0)}
+    assert [e["action"] for e in default["device_traces"][0]][-1] == "alloc"
+    with pytest.raises(TypeError, match="skip_actions must be a list of actions"):
+        acc.record_memory_history(skip_actions="alloc")  # type: ignore[arg-type]
+    b.free()
+    c.free()
 
 
 def test_snapshot_segments_and_block_states(sim: str) -> None:

@@ -1122,15 +1122,24 @@ class CachingAllocator:
     # ------------------------------------------------------------------ history, snapshots
     @atomic
     def record_history(
-        self, enabled: EnabledMode | None, context: ContextMode | None, max_entries: int
+        self,
+        enabled: EnabledMode | None,
+        context: ContextMode | None,
+        max_entries: int,
+        skip_actions: frozenset[str] = frozenset(),
+        clear_history: bool = False,
     ) -> None:
         """Start (or, with ``enabled=None``, stop and forget) recording history.
 
-        See ``accelrt.record_memory_history`` for the modes. Starting again starts an empty
-        ring buffer.
+        See ``accelrt.record_memory_history`` for the modes. Starting again keeps the entries
+        recorded so far (the newest ``max_entries``) unless ``clear_history``.
         """
         with self._lock:
-            self._observer = None if enabled is None else History(enabled, context, max_entries)
+            if enabled is None:
+                self._observer = None
+                return
+            previous = None if clear_history else self._observer
+            self._observer = History(enabled, context, max_entries, skip_actions, previous)
 
     def snapshot(self, pool_id: PoolId | None = None) -> tuple[list[SegmentInfo], list[TraceEntry]]:
         """Return the segments (with blocks) and the history entries, in PyTorch's schema.

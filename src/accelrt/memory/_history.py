@@ -136,6 +136,13 @@ def frames_to_dicts(frames: RawFrames | None) -> list[Frame]:
     return [Frame(filename=c.co_filename, line=n, name=c.co_name) for c, n in frames]
 
 
+ACTIONS = frozenset({
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+    "segment_unmap", "oom",
+})  # fmt: skip
+"""The actions a history records (PyTorch's trace entry actions)."""
+
+
 class History:
     """The ring buffer of one device's allocator actions.
 
@@ -148,15 +155,27 @@ class History:
         allocations only, None none.
     max_entries : int
         Ring buffer size; the oldest entries are dropped first.
+    skip_actions : frozenset of str
+        Actions kept out of the buffer (live blocks keep their stacks all the same).
+    previous : History, optional
+        A history whose entries this one starts with (the newest ``max_entries`` of them).
     """
 
-    __slots__ = ("context", "enabled", "entries", "stack_allocs", "stack_frees")
+    __slots__ = ("context", "enabled", "entries", "skip_actions", "stack_allocs", "stack_frees")
 
-    def __init__(self, enabled: EnabledMode, context: ContextMode | None, max_entries: int) -> None:
+    def __init__(
+        self,
+        enabled: EnabledMode,
+        context: ContextMode | None,
+        max_entries: int,
+        skip_actions: frozenset[str] = frozenset(),
+        previous: History | None = None,
+    ) -> None:
         self.enabled = enabled
         self.context = context
+        self.skip_actions = skip_actions
         self.entries: deque[tuple[str, int, int, int, int, RawFrames | None, int]] = deque(
-            maxlen=max_entries
+            () if previous is None else previous.entries, maxlen=max_entries
         )
         self.stack_allocs = context is not None
         self.stack_frees = context == "all"
@@ -205,7 +224,7 @@ class History:
                 and (action != "segment_map" or owner.frames is None)
             ):
                 owner.frames = frames
-        if self.enabled == "all":
+        if self.enabled == "all" and action not in self.skip_actions:
             now_us = time.time_ns() // 1000
             self.entries.append((action, addr, size, stream, now_us, frames, device_free))
 

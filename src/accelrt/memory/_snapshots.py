@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from collections.abc import Sequence
 
 from .. import _runtime
 from .._device import DeviceLike
 from . import _registry
-from ._history import SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
+from ._block import PoolId
+from ._history import ACTIONS, SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
 from ._summary import format_summary
 
 __all__ = ["dump_snapshot", "memory_snapshot", "memory_summary", "record_memory_history"]
@@ -30,6 +32,8 @@ def record_memory_history(
     stacks: str = "python",
     max_entries: int = sys.maxsize,
     device: DeviceLike = None,
+    clear_history: bool = False,
+    skip_actions: Sequence[str] | None = None,
 ) -> None:
     """Start or stop recording allocator history on a device.
 
@@ -49,17 +53,28 @@ def record_memory_history(
         Ring buffer length (>= 1); the oldest entries are dropped first.
     device : int, str, Device or None
         The device (the current device if None). Creates its allocator if needed.
+    clear_history : bool
+        Start from an empty buffer. Otherwise calling it again while recording keeps what was
+        recorded (the newest ``max_entries`` entries) and applies the new modes from now on.
+    skip_actions : sequence of str, optional
+        Actions not to record, among "alloc", "free_requested", "free_completed",
+        "segment_alloc", "segment_free", "segment_map", "segment_unmap" and "oom" (live
+        blocks keep their stacks all the same).
 
     Raises
     ------
     ValueError
-        For a mode not listed above or ``max_entries < 1``.
+        For a mode not listed above, ``max_entries < 1`` or an unknown action in
+        ``skip_actions`` (the message lists them).
     RuntimeError, TypeError
-        As ``set_device_index`` for a bad device.
+        As ``set_device_index`` for a bad device; ``TypeError`` if ``skip_actions`` is a
+        string (give a list) or ``clear_history`` not a bool.
 
     Notes
     -----
-    Mirrors ``torch.cuda.memory._record_memory_history``. Starting again empties the buffer.
+    Mirrors ``torch.cuda.memory._record_memory_history`` (PyTorch 2.13's arguments but
+    ``compile_context`` and ``global_record_annotations``: accelrt has no compiler and no
+    annotations; docs/conformance.md). ``enabled=None`` stops and discards the history.
     """
     if enabled not in (*_ENABLED, None):
         raise ValueError(f"enabled must be 'all', 'state' or None, got {enabled!r}")
@@ -69,16 +84,36 @@ def record_memory_history(
         raise ValueError(f"stacks must be 'python' or 'all', got {stacks!r}")
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
         raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
+    if not isinstance(clear_history, bool):
+        raise TypeError(f"clear_history must be a bool, got {clear_history!r}")
+    if isinstance(skip_actions, str):
+        raise TypeError(f"skip_actions must be a list of actions, got the string {skip_actions!r}")
+    skip = frozenset(skip_actions or ())
+    if not skip <= ACTIONS:
+        unknown = ", ".join(sorted(map(repr, skip - ACTIONS)))
+        raise ValueError(
+            f"skip_actions: unknown action {unknown}; the actions are {', '.join(sorted(ACTIONS))}"
+        )
     backend, index = _runtime.resolve_device(device)
     _registry.get_allocator(backend, index).record_history(
         enabled,  # type: ignore[arg-type]
         context,  # type: ignore[arg-type]
         max_entries,
+        skip,
+        clear_history,
     )
 
 
-def memory_snapshot() -> Snapshot:
+def memory_snapshot(mempool_id: PoolId | None = None, include_traces: bool = True) -> Snapshot:
     """Return the state of every device allocator of the accelerator, and their histories.
+
+    Parameters
+    ----------
+    mempool_id : tuple of (int, int), optional
+        Only the segments of this private pool (``MemPool.id``; ``(0, 0)`` the default
+        pools); every segment when None.
+    include_traces : bool
+        False leaves ``device_traces`` empty (one empty list per device): the state only.
 
     Returns
     -------
@@ -96,7 +131,8 @@ def memory_snapshot() -> Snapshot:
 
     Notes
     -----
-    Creates no allocator and initialises nothing. Mirrors ``torch.cuda.memory._snapshot``.
+    Creates no allocator and initialises nothing. Mirrors ``torch.cuda.memory._snapshot``
+    (and its ``mempool_id`` and ``include_traces`` arguments).
     """
     backend = _runtime.require_accelerator()
     segments = []
@@ -106,9 +142,9 @@ def memory_snapshot() -> Snapshot:
         if allocator is None:
             traces.append([])
             continue
-        device_segments, entries = allocator.snapshot()
+        device_segments, entries = allocator.snapshot(mempool_id)
         segments.extend(device_segments)
-        traces.append(entries)
+        traces.append(entries if include_traces else [])
     return Snapshot(
         segments=segments,
         device_traces=traces,
