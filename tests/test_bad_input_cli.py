@@ -455,6 +455,11 @@ def test_damaged_recorded_settings_are_clear(recorded: dict[str, object]) -> Non
         ([HEADER, {**ALLOC, "size": 8.0}], ":2: field 'size' must be an integer, got 8.0"),
         ([HEADER, "[" * 100_000], ":2: JSON nested too deeply"),
         ([HEADER, {"action": "x" * 10_000}], ":2: unknown action 'xxxx"),
+        (
+            [{**HEADER, "name": "n" * 4097}],
+            ":1: header: field 'name' is 4097 characters long, more than the limit of 4096; "
+            "shorten it",
+        ),
     ],
 )
 def test_trace_reader_refuses(tmp_path: Path, lines: list[object], message: str) -> None:
@@ -503,6 +508,8 @@ def test_write_refuses_what_load_refuses(tmp_path: Path) -> None:
         write(path, [{**ALLOC, "action": "resize"}])
     with pytest.raises(TraceFormatError, match="header: field 'device_capacity_bytes'"):
         write(path, [ALLOC], {"device_capacity_bytes": "80GiB"})
+    with pytest.raises(TraceFormatError, match=r"^header: field 'name' is 5000 characters long"):
+        write(path, [ALLOC], {"name": "n" * 5000})
     assert not path.exists()
     write(path, [ALLOC, {"action": "empty_cache"}, {**ALLOC, "action": "free"}])
     assert len(load(path).events) == 3

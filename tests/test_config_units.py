@@ -117,6 +117,27 @@ def test_parse_bytes(text: str, value: int) -> None:
     assert parse_bytes(text) == value
 
 
+def test_large_segment_size_sets_mid_size_segments_and_large_pages(sim: str) -> None:
+    # PyTorch 2.13's large_segment_size_mb: the segment of a 1-10 MiB request (a 2 MiB
+    # tensor reserves 40 MiB under large_segment_size_mb:40), and the large pool's page
+    config = AllocatorConfig.parse("large_segment_size_mb:40")
+    assert config.large_segment_size == 40 * MiB and config.describe() == "large_segment_size_mb:40"
+    acc.set_allocator_settings("large_segment_size_mb:40")
+    mid = acc.empty(2 * MiB)
+    assert (acc.memory_allocated(), acc.memory_reserved()) == (2 * MiB, 40 * MiB)
+    mid.free()
+    acc.empty_cache()
+    acc.set_allocator_settings("expandable_segments:True,large_segment_size_mb:12")
+    first = acc.empty(11 * MiB)
+    assert acc.memory_reserved() == 12 * MiB  # one 12 MiB page
+    second = acc.empty(3 * MiB)
+    assert acc.memory_reserved() == 24 * MiB
+    for buf in (first, second):
+        buf.free()
+    with pytest.raises(ValueError, match=r"large_segment_size_mb must be an integer >= 2 \(MiB\)"):
+        AllocatorConfig.parse("large_segment_size_mb:1")
+
+
 def test_format_bytes_refuses_what_is_not_a_number() -> None:
     # format_bytes('5') failed on a comparison between str and int (issue 25)
     with pytest.raises(TypeError) as info:

@@ -195,13 +195,17 @@ def test_impossible_requests_and_capacities(tmp_path: Path) -> None:
 
 def test_replay_takes_a_real_pytorch_alloc_conf(capsys: pytest.CaptureFixture[str]) -> None:
     """Keys the policy does not depend on (backend, pinned_*) are reported and left out."""
-    conf = "backend:native,expandable_segments:True,pinned_use_background_threads:True"
+    conf = (
+        "backend:native,expandable_segments:True,pinned_use_background_threads:True,"
+        "pinned_max_cached_size_mb:64,pinned_max_round_threshold_mb:8"  # PyTorch 2.13's
+    )
     assert main(["replay", str(EXAMPLE), "--device", "sim", "--json", "--config", conf]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["config"] == "expandable_segments:True"
     assert captured.err == (
-        "accelrt: ignored in --config: backend:native, pinned_use_background_threads:True (the "
-        "device allocator's policy does not depend on them)\n"
+        "accelrt: ignored in --config: backend:native, pinned_use_background_threads:True, "
+        "pinned_max_cached_size_mb:64, pinned_max_round_threshold_mb:8 (the device allocator's "
+        "policy does not depend on them)\n"
     )
 
 

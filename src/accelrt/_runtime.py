@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 
 from ._device import Device, DeviceLike
+from ._errors import InputError
 from .backends._base import Backend, get_backend, registered_backends
 
 __all__ = [
@@ -161,7 +162,7 @@ def _detect() -> Backend | None:
             try:
                 get_backend(name)  # raises: the message lists the registered backends
             except ValueError as exc:
-                raise ValueError(f"{ENV_BACKEND}={name!r}: {exc}") from None
+                raise InputError(f"{ENV_BACKEND}={name!r}: {exc}") from None
         return get_backend(name)  # the backend's own errors name their own settings
     for candidate in AUTO_ORDER:
         try:

@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from ._errors import OutOfMemoryError
+from ._errors import InputError, OutOfMemoryError
 from .memory._config import AllocatorConfig
 from .memory._policy import round_size, segment_size
 
@@ -61,7 +61,7 @@ def check_start(start: str) -> None:
         raise ValueError(f"start must be 'modelled' or 'recorded', got {start!r}")
 
 
-class StartStateError(ValueError):
+class StartStateError(InputError):
     """A setting cannot hold the blocks a recording began with (on the device replayed)."""
 
 
@@ -110,7 +110,8 @@ def decides_alike(recorded: AllocatorConfig, setting: AllocatorConfig, largest: 
 def largest_size(recording: Recording, largest_request: int) -> int:
     """The bound :func:`decides_alike` needs, in bytes: the largest start segment (of an
     expandable one, its largest block) and the segment the largest request would get."""
-    sizes = [segment_size(round_size(largest_request, recording.settings))]
+    settings = recording.settings
+    sizes = [segment_size(round_size(largest_request, settings), settings.large_segment_size)]
     for segment in recording.start_segments:
         if segment.is_expandable:
             sizes.extend(b.size for b in segment.blocks)

@@ -35,7 +35,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._errors import InputError
 from ._start_state import check_start
+from ._text import printable
 from ._units import MAX_BYTES, format_bytes, parse_bytes
 from ._verdict import oom_verdict
 from .memory._config import RECORDED, AllocatorConfig, Setting, setting_text
@@ -555,12 +557,12 @@ def parse_grid(spec: str) -> tuple[str, list[str]]:
     key, sep, rest = spec.partition("=")
     key = key.strip()
     if not sep or not key or not rest.strip():
-        raise ValueError(
+        raise InputError(
             f"a grid is KEY=V1,V2,..., such as max_split_size_mb=128,256; got {_shown(spec)}"
         )
     values = _split_values(rest)
     if any(not v for v in values):
-        raise ValueError(f"grid {_shown(spec)} has an empty value; separate values with one comma")
+        raise InputError(f"grid {_shown(spec)} has an empty value; separate values with one comma")
     return key, values
 
 
@@ -615,12 +617,12 @@ def _check_scheduler(scheduler: Any) -> str | Any:
     if "://" in text:
         match = _ADDRESS_RE.fullmatch(text)
         if match is None or not 0 < int(match.group(3)) < 65536:
-            raise ValueError(
+            raise InputError(
                 f"invalid scheduler address {_shown(scheduler)}: expected tcp://HOST:PORT with "
                 "a port from 1 to 65535, such as tcp://127.0.0.1:8786"
             )
         return text
-    raise ValueError(
+    raise InputError(
         f"unknown scheduler {_shown(scheduler)}: give processes, threads, synchronous or the "
         "address of a dask.distributed scheduler, tcp://HOST:PORT"
     )
@@ -786,7 +788,7 @@ def sweep(
     check_start(start)  # here, before any worker starts
     env_capacity = _env_capacity()
     if importlib.util.find_spec("dask") is None:  # imported later, while workers start
-        raise ImportError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'")
+        raise ImportError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'", name="dask")
 
     client, owned = None, False
     if not isinstance(where, str):
@@ -859,7 +861,7 @@ def _check_traces(traces: Any) -> list[str]:
             raise TypeError(f"a trace must be a path or a URL (str), got {_shown(t)}")
         text = os.fspath(t)
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"a trace name is empty ({_shown(text)}); give a path or a URL")
+            raise InputError(f"a trace name is empty ({_shown(text)}); give a path or a URL")
         paths.append(text)
     if not paths:
         raise ValueError("no traces given; give at least one path or URL")
@@ -873,7 +875,7 @@ def _check_capacities(capacities: Any) -> list[int | None]:
     for c in capacities:
         value = None if c is None else parse_bytes(c, name="capacity")
         if value == 0:
-            raise ValueError("capacity 0 holds nothing; give a size such as 80GiB")
+            raise InputError("capacity 0 holds nothing; give a size such as 80GiB")
         if value not in caps:
             caps.append(value)
     return caps or [None]
@@ -899,7 +901,8 @@ def _connect(address: str, timeout: float) -> Any:
         from distributed import Client
     except ImportError:
         raise ImportError(
-            f"--scheduler {address} needs dask.distributed: pip install 'accelrt[sweep]'"
+            f"--scheduler {address} needs dask.distributed: pip install 'accelrt[sweep]'",
+            name="distributed",
         ) from None
     try:
         if address.startswith("tcp://"):
@@ -1152,20 +1155,22 @@ def _one_line(text: str) -> str:
 _WHAT = "an accelrt trace (.jsonl.gz) or a PyTorch snapshot pickle"
 
 
-def _error_text(shown: str, exc: BaseException, snapshot: bool) -> str:
+def _error_text(shown: str, exc: BaseException) -> str:
+    """A sweep row's one-line error: the input's fault (``InputError``, ``OSError``) as its
+    message; anything else said to be a bug in accelrt."""
     if isinstance(exc, FileNotFoundError):
         text = f"{shown}: No such file or directory; give {_WHAT}"
     elif isinstance(exc, OSError) and exc.strerror:
         text = f"{shown}: {exc.strerror}"
-    elif snapshot and isinstance(exc, (KeyError, IndexError, TypeError, AttributeError)):
-        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-        text = f"{shown}: not a well-formed memory snapshot ({type(exc).__name__}: {what})"
-    elif isinstance(exc, (ValueError, OSError)):
+    elif isinstance(exc, (InputError, OSError)):
         text = str(exc)
         if shown not in text:
             text = f"{shown}: {text}"
-    else:
-        text = f"{shown}: unexpected {type(exc).__name__}: {exc}"
+    else:  # not the input's fault: say so, as the command does for its own bugs
+        text = (
+            f"{shown}: internal error {type(exc).__name__}: {exc} (a bug in accelrt, not a "
+            "problem with this trace; please report it)"
+        )
     return _one_line(text)
 
 
@@ -1196,9 +1201,7 @@ def _read(task: _Task) -> list[Trace]:
             else:
                 traces = [load(local, include_host=task.include_host, device_index=index)]
         except Exception as exc:
-            raise _TraceError(
-                _error_text(source, exc, kind == "pickle").replace(local, source)
-            ) from None
+            raise _TraceError(_error_text(source, exc).replace(local, source)) from None
         for trace in traces:
             trace.path = source
         return traces
@@ -1207,7 +1210,7 @@ def _read(task: _Task) -> list[Trace]:
     except ImportError:
         raise _TraceError(f"{source}: reading URLs needs fsspec: pip install fsspec") from None
     except Exception as exc:
-        raise _TraceError(_error_text(source, exc, False)) from None
+        raise _TraceError(_error_text(source, exc)) from None
     finally:
         if tmpdir is not None:
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -1289,7 +1292,7 @@ def _run_task(task: _Task) -> list[SweepResult]:
                         start=task.start,
                     )
                 except Exception as exc:
-                    rows.append(row(cap, error=_error_text(task.source, exc, snapshot)))
+                    rows.append(row(cap, error=_error_text(task.source, exc)))
                     continue
                 rows.append(row(cap, report, min_capacity_bytes=needed))
     return rows
@@ -1396,7 +1399,7 @@ def print_results(results: SweepResults, console: Any) -> None:
     for trace, device in results.units():  # a snapshot's recorded devices one by one
         best = results.best(trace, device)
         mine = [r for r in results if (r.trace, r.recorded_device) == (trace, device)]
-        table.add_row(f"[bold]{escape(mine[0].name)}[/bold]", *[""] * (width - 1))
+        table.add_row(f"[bold]{escape(printable(mine[0].name))}[/bold]", *[""] * (width - 1))
         for i, r in enumerate(mine):
             cells = [escape(f"  {setting_text(r.config, r.config_source)}")]
             cells[0] += " *" if r is best else ""
@@ -1433,7 +1436,7 @@ def print_results(results: SweepResults, console: Any) -> None:
             highlight=False,
         )
     for error in dict.fromkeys(errors):
-        console.print(f"error: {error}", markup=False, highlight=False)
+        console.print(f"error: {printable(error)}", markup=False, highlight=False)
 
     summary = results.summary()
     units, files = len(results.units()), len(results.traces)

@@ -1,8 +1,16 @@
 """The ``accelrt`` command: ``info``, ``replay``, ``snapshot summary|segments|view|diff``,
 ``sweep``.
 
-Every error in the input (a missing or malformed file, a bad option) is one line on stderr and
-exit status 2; an interrupt (Ctrl-C) is one line and exit status 130.
+Exit statuses (:func:`main`): 0 done; 1 ``sweep`` with a trace that failed (its rows say why),
+or the reader of the output went away (a broken pipe); 2 an error in the input (a missing or
+malformed file, a bad option or setting: an :class:`~accelrt._errors.InputError`, an
+``OSError``, or a device that failed, ``AcceleratorError``): one line on stderr; 70
+(``EX_SOFTWARE`` of sysexits.h) a bug in accelrt: the traceback and a line asking for a report;
+130 an interrupt (Ctrl-C): one line. ``ACCELRT_DEBUG=1`` adds the traceback to an input error.
+
+Text from input files (trace names, stack frames, file names) is shown through
+:func:`accelrt._text.printable` (control characters and bidirectional overrides escaped) and
+printed without rich's markup or highlighting.
 
 The setting a command replays under is ``--config`` (the same syntax everywhere, ``defaults``
 included), else the environment (``ACCELRT_ALLOC_CONF``, else PyTorch's ``PYTORCH_ALLOC_CONF``,
@@ -23,12 +31,16 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from ._errors import AcceleratorError, InputError
 from ._gc import collector_paused
+from ._text import printable
 from ._units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from .memory._config import Setting
     from .replay import ReplayReport
     from .trace import Trace
@@ -45,12 +57,12 @@ would make ``--device sim:99999999`` build a hundred million devices."""
 _DEVICE_RE = re.compile(r"([a-z_][a-z0-9_]*)(?::([0-9]+))?", re.ASCII)
 _INDEX_RE = re.compile(r"[0-9]+", re.ASCII)
 EXIT_USAGE = 2
+"""The exit status of an error in the input (and of argparse's usage errors)."""
+EXIT_BUG = 70
+"""The exit status of a bug in accelrt: ``EX_SOFTWARE`` ("internal software error") of BSD's
+sysexits.h, distinct from the input errors' 2 and ``sweep``'s 1."""
 EXIT_INTERRUPTED = 130
-_T = TypeVar("_T")
-
-
-class CliError(Exception):
-    """An error in the command's input; ``main`` prints its message as one line."""
+"""The exit status after Ctrl-C: 128 + SIGINT, as shells report it."""
 
 
 def _shown(value: str) -> str:
@@ -115,7 +127,7 @@ def _index_arg(text: str) -> int:
 def _capacity_arg(text: str) -> int:
     try:
         return parse_bytes(text, name="sim capacity")
-    except ValueError as exc:
+    except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -132,7 +144,7 @@ def _config_arg(text: str) -> Setting:
     """A ``--config``, the same in every command; see :func:`_parsed_setting`."""
     try:
         return _parsed_setting(text, "--config")
-    except (TypeError, ValueError) as exc:
+    except InputError as exc:
         raise argparse.ArgumentTypeError(f"{exc} (in {_shown(text)})") from None
 
 
@@ -142,7 +154,7 @@ def _env_setting() -> Setting | None:
 
     Raises
     ------
-    CliError
+    InputError
         For a variable set to a bad setting; the message names the variable.
     """
     from .memory._config import ENV_VARS
@@ -152,8 +164,8 @@ def _env_setting() -> Setting | None:
         if text.strip():
             try:
                 return _parsed_setting(text, f"environment {var}")
-            except (TypeError, ValueError) as exc:
-                raise CliError(f"{var}: {exc} (in {_shown(text)}); fix or unset it") from None
+            except InputError as exc:
+                raise InputError(f"{var}: {exc} (in {_shown(text)}); fix or unset it") from None
     return None
 
 
@@ -172,9 +184,10 @@ def _note_ignored(settings: Sequence[Setting]) -> None:
     """Say on stderr, once per setting, which PyTorch keys it set aside (not modelled)."""
     for setting in dict.fromkeys(settings):
         if setting.ignored:
+            keys = printable(", ".join(setting.ignored))  # from the environment, as given
             print(
-                f"accelrt: ignored in {setting.source}: {', '.join(setting.ignored)} (the "
-                "device allocator's policy does not depend on them)",
+                f"accelrt: ignored in {setting.source}: {keys} (the device allocator's policy "
+                "does not depend on them)",
                 file=sys.stderr,
             )
 
@@ -208,20 +221,20 @@ def _output_arg(option: str) -> Callable[[str], str]:
 def _input_file(path: str, what: str) -> None:
     """Refuse a path that is not a readable regular file, naming it and what was expected."""
     if not path.strip():
-        raise CliError(f"no file given (an empty name); give {what}")
+        raise InputError(f"no file given (an empty name); give {what}")
     if os.path.isdir(path):
-        raise CliError(f"{path} is a directory; give {what}")
+        raise InputError(f"{path} is a directory; give {what}")
     if not os.path.exists(path):
-        raise CliError(f"{path}: No such file or directory; give {what}")
+        raise InputError(f"{path}: No such file or directory; give {what}")
     if not os.path.isfile(path):
-        raise CliError(f"{path} is not a regular file (a pipe or a device); save it to a file")
+        raise InputError(f"{path} is not a regular file (a pipe or a device); save it to a file")
     if not os.access(path, os.R_OK):
-        raise CliError(f"{path}: permission denied; make it readable")
+        raise InputError(f"{path}: permission denied; make it readable")
 
 
 def _not_the_input(output: str | None, source: str) -> None:
     if output and os.path.exists(output) and os.path.samefile(output, source):
-        raise CliError(f"{output} is the input file; writing it would destroy it")
+        raise InputError(f"{output} is the input file; writing it would destroy it")
 
 
 def _write_text(path: str, text: str) -> None:
@@ -234,7 +247,7 @@ def _write_text(path: str, text: str) -> None:
         if not existed:
             with contextlib.suppress(OSError):
                 os.remove(path)
-        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _write_png(view: Any, path: str, render: Callable[[Any, str], None] | None = None) -> None:
@@ -248,11 +261,9 @@ def _write_png(view: Any, path: str, render: Callable[[Any, str], None] | None =
     try:
         draw(view, path)
     except ImportError:
-        raise CliError(f"writing {path} needs matplotlib: pip install 'accelrt[view]'") from None
+        raise InputError(f"writing {path} needs matplotlib: pip install 'accelrt[view]'") from None
     except OSError as exc:
-        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise CliError(f"cannot write {path}: {exc}") from None
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _check_png(path: str | None) -> None:
@@ -262,14 +273,14 @@ def _check_png(path: str | None) -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise CliError(f"--png {path} needs matplotlib: pip install 'accelrt[view]'")
+        raise InputError(f"--png {path} needs matplotlib: pip install 'accelrt[view]'")
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
     if suffix:
         from matplotlib.backend_bases import FigureCanvasBase
 
         formats = FigureCanvasBase.get_supported_filetypes()
         if suffix not in formats:
-            raise CliError(
+            raise InputError(
                 f"--png {path}: cannot write a {suffix!r} file; use a name ending in .png "
                 f"(or one of {', '.join(sorted(formats))})"
             )
@@ -284,7 +295,7 @@ def _info_data() -> dict[str, Any]:
     try:
         backend = _runtime.accelerator()
         accelerator = backend.name if backend is not None else None
-    except ValueError as exc:
+    except InputError as exc:  # ACCELRT_BACKEND names no backend
         accelerator = f"error: {exc}"
     data: dict[str, Any] = {
         "accelerator": accelerator,
@@ -323,35 +334,48 @@ def _info_data() -> dict[str, Any]:
     return data
 
 
+def _console() -> Console:
+    """A rich console on stdout that prints text as given: no markup, no highlighting (rich's
+    highlighter takes time quadratic in a string's length), styles only where a ``Text`` gives
+    them. On a terminal as wide as it; in a pipe or a CI log never wrapped (each table at its
+    own width, one line a sentence)."""
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else 100_000
+    return Console(width=width, markup=False, highlight=False)
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     data = _info_data()
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
-    console.print(f"accelerator: [bold]{data['accelerator'] or 'none'}[/bold]")
+    console = _console()
+    console.print(
+        Text.assemble("accelerator: ", (printable(data["accelerator"] or "none"), "bold"))
+    )
     console.print(
         f"backends: {', '.join(data['registered_backends'])} "
         f"(available: {', '.join(data['available_backends']) or 'none'})"
     )
-    for name, reason in data["unavailable_backends"].items():
-        console.print(f"{name}: unavailable: {reason}", markup=False, highlight=False)
+    for name, reason in data["unavailable_backends"].items():  # the drivers' words
+        console.print(f"{name}: unavailable: {printable(reason)}")
     core = data["allocator_core"]
-    console.print(f"allocator core: {core['core']} ({core['reason']})", markup=False)
-    for dev in data["devices"]:
+    console.print(f"allocator core: {core['core']} ({core['reason']})")
+    for dev in data["devices"]:  # names, vendors and versions as the drivers report them
         table = Table(title=dev["device"], show_header=False)
         table.add_column("property", style="bold")
         table.add_column("value")
-        table.add_row("name", dev["name"])
-        table.add_row("vendor", dev["vendor"])
+        table.add_row("name", printable(dev["name"]))
+        table.add_row("vendor", printable(dev["vendor"]))
         table.add_row("total memory", format_bytes(dev["total_memory_bytes"]))
         table.add_row("free memory", format_bytes(dev["free_memory_bytes"]))
         table.add_row("max allocation", format_bytes(dev["max_allocation_bytes"]))
         table.add_row("compute units", str(dev["compute_units"]))
-        table.add_row("driver", dev["driver_version"])
+        table.add_row("driver", printable(dev["driver_version"]))
         table.add_row("host accessible", str(dev["host_accessible"]))
         console.print(table)
     if not data["devices"]:
@@ -375,21 +399,21 @@ def _check_device(device: str, capacity: int | None) -> None:
     if dev.type == "sim":
         return
     if capacity is not None:
-        raise CliError(
+        raise InputError(
             f"--capacity applies to the simulated device only; on {dev} cap memory with "
             "--config per_process_memory_fraction:X instead, or use --device sim"
         )
     try:
         backend = get_backend(dev.type)
     except ImportError as exc:
-        raise CliError(
+        raise InputError(
             f"--device {dev}: the {dev.type!r} backend cannot be loaded ({exc}); install it, "
             "or use --device sim"
         ) from None
     count = backend.device_count()
     index = dev.index or 0
     if index >= count:
-        raise CliError(
+        raise InputError(
             f"--device {dev}: device index {index} is out of range [0, {count}) for "
             f"{dev.type}" + ("; use --device sim" if count == 0 else "")
         )
@@ -408,7 +432,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     _check_png(args.png)
     if args.device is not None:
         _check_device(args.device, args.capacity)
-    # a malformed snapshot shows as one line naming the file (load checks a JSONL trace itself)
+    # the readers refuse a malformed file with an InputError naming it (one line)
     snapshot: dict[str, Any] | None = None
     show_progress = _show_progress(args)
     if sniff(args.trace) == "pickle":
@@ -424,7 +448,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     settings = _settings(args.config, recording=recording)
     _note_ignored(settings)
     pictures = bool(args.html or args.png)
-    guarded = args.trace if snapshot is not None else None  # a snapshot's errors name it
     from ._start_state import StartStateError
 
     runs: list[list[ReplayReport | None]] = []  # device by device, setting by setting
@@ -438,9 +461,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             # the first setting's replay also captures what the pictures draw
             capture = picture_moments(trace) if pictures and not any(runs[-1]) else ()
             try:
-                report = _malformed_snapshot_guard(
-                    guarded,
-                    _replay_shown,
+                report = _replay_shown(
                     trace,
                     show_progress,
                     device=device,
@@ -450,7 +471,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     start=args.start,
                 )
             except StartStateError as exc:  # one line; the other settings are still reported
-                print(f"error: {_one_line(f'{trace.name}: {exc}')}", file=sys.stderr)
+                print(f"error: {printable(_one_line(f'{trace.name}: {exc}'))}", file=sys.stderr)
                 failed.add(k)
                 report = None
             runs[-1].append(report)
@@ -460,10 +481,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     settings = [settings[k] for k in kept]
     done = [[_replayed(run[k]) for k in kept] for run in runs]
     if pictures:
-        views = [
-            _malformed_snapshot_guard(guarded, _view, snapshot, t, r[0])
-            for t, r in zip(traces, done, strict=True)
-        ]
+        views = [_view(snapshot, t, r[0]) for t, r in zip(traces, done, strict=True)]
         devices = [_recorded_device(t) for t in traces]
         title = snapshot_name(args.trace)
         _write_views(views, devices, args.html, args.png, title=title, stream=sys.stderr)
@@ -497,10 +515,11 @@ def _replay_shown(trace: Trace, show_progress: bool, **kw: Any) -> ReplayReport:
     if not show_progress or len(trace.events) <= 50_000:
         return replay(trace, **kw)
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import Progress
 
     with Progress(transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task(f"replaying {trace.name}", total=len(trace.events))
+        task = bar.add_task(f"replaying {escape(printable(trace.name))}", total=len(trace.events))
         return replay(trace, progress=lambda done, _total: bar.update(task, completed=done), **kw)
 
 
@@ -592,8 +611,8 @@ def _snapshot_traces(path: str, snapshot: dict[str, Any], index: int | None) -> 
 
     _check_device_index(path, snapshot, index)
     if index is None:
-        return _malformed_snapshot_guard(path, traces_from_snapshot, snapshot, path=path)
-    return [_malformed_snapshot_guard(path, trace_from_snapshot, snapshot, device=index, path=path)]
+        return traces_from_snapshot(snapshot, path=path)
+    return [trace_from_snapshot(snapshot, device=index, path=path)]
 
 
 def _view(snapshot: dict[str, Any] | None, trace: Trace, report: ReplayReport | None) -> View:
@@ -644,7 +663,7 @@ def _write_views(
             name = _numbered(png_path, device) if several and device is not None else png_path
             _write_png(view, name)
             written.append(name)
-    print("wrote " + ", ".join(written), file=stream)
+    print(printable("wrote " + ", ".join(written)), file=stream)
 
 
 _SHORT_KEYS = {
@@ -770,14 +789,13 @@ def _print_reports(
     name: str, skipped_host: int, reports: Sequence[Any], sources: Sequence[str]
 ) -> None:
     """Print one trace's replays, a column per setting; ``sources`` says where each setting
-    came from (``Setting.source``: ``--config``, ``environment VAR``, ``recorded``...)."""
-    from rich.console import Console
-    from rich.markup import escape
+    came from (``Setting.source``: ``--config``, ``environment VAR``, ``recorded``...). The
+    trace's ``name`` is shown escaped (:func:`accelrt._text.printable`)."""
     from rich.table import Table
+    from rich.text import Text
 
     first = reports[0]
-    # in a pipe or a CI log nothing is wrapped: the table at its own width, one line a sentence
-    console = Console() if sys.stdout.isatty() else Console(width=100_000)
+    console = _console()
     view = (
         "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
     )
@@ -789,18 +807,20 @@ def _print_reports(
         else format_bytes(first.capacity_bytes)
     )
     console.print(
-        f"[bold]{escape(name)}[/bold] on {first.device} ({capacity}): "
-        f"{first.events} events ({view}); trace peak live {first.trace_peak_live_bytes} bytes "
-        f"({format_bytes(first.trace_peak_live_bytes)})",
+        Text.assemble(
+            (printable(name), "bold"),
+            f" on {first.device} ({capacity}): {first.events} events ({view}); trace peak live "
+            f"{first.trace_peak_live_bytes} bytes ({format_bytes(first.trace_peak_live_bytes)})",
+        ),
         soft_wrap=True,
     )
     banner = _midrun_banner(reports)
     if banner:
-        console.print(banner, soft_wrap=True, markup=False)
+        console.print(banner, soft_wrap=True)
     table = Table()
     table.add_column("", style="bold")
     for r in reports:
-        table.add_column(escape(_short_setting(r.config)), justify="right", overflow="fold")
+        table.add_column(_short_setting(r.config), justify="right", overflow="fold")
     rows: list[tuple[str, Any]] = [
         ("peak requested", lambda r: format_bytes(r.peak_requested_bytes)),
         ("peak allocated", lambda r: format_bytes(r.peak_allocated_bytes)),
@@ -827,11 +847,11 @@ def _print_reports(
         console.print("Column heads in full:", soft_wrap=True)
         for short, full in shortened.items():
             if short != full:
-                console.print(f"  {short} = {full}", soft_wrap=True, markup=False)
+                console.print(f"  {short} = {full}", soft_wrap=True)
     for r in reports:
         match = "equals" if r.peak_requested_bytes == r.trace_peak_live_bytes else "differs from"
         console.print(
-            f"{escape('[' + r.config + ']')} peak requested {r.peak_requested_bytes} bytes "
+            f"[{r.config}] peak requested {r.peak_requested_bytes} bytes "
             f"{match} the trace's peak live {r.trace_peak_live_bytes} bytes; peak reserved "
             f"{r.peak_reserved_bytes} bytes",
             soft_wrap=True,  # one line in a pipe or a CI log: never broken mid-sentence
@@ -848,21 +868,25 @@ def _print_reports(
             # a modelled start is a what-if: its difference is the setting's, not an error
             what = "this setting (a what-if)" if r.start_state == "modelled" else "accelrt"
             change = "change" if r.start_state == "modelled" else "difference"
+            relative = r.peak_reserved_difference  # None where PyTorch reserved nothing
+            shown = "undefined (PyTorch recorded no reserved memory)"
+            if relative is not None:
+                shown = f"{relative:+.3%}"
             console.print(
                 f"  PyTorch recorded: peak reserved {r.recorded_peak_reserved_bytes} bytes "
                 f"({format_bytes(r.recorded_peak_reserved_bytes)}), "
                 f"{r.recorded_num_device_alloc} device mallocs; {what}: "
                 f"{r.peak_reserved_bytes} bytes, {r.num_device_alloc} device mallocs; "
-                f"{change} {r.peak_reserved_difference:+.3%}",
+                f"{change} {shown}",
                 soft_wrap=True,
             )
         for note in r.notes:
-            console.print(f"  note: {note}", soft_wrap=True, markup=False)
+            console.print(f"  note: {note}", soft_wrap=True)
     from ._verdict import fragmentation_summary
 
     summary = fragmentation_summary(reports)
     if summary is not None:
-        console.print(summary, soft_wrap=True, markup=False)
+        console.print(summary, soft_wrap=True)
 
 
 def _print_totals(
@@ -872,24 +896,27 @@ def _print_totals(
     runs: Sequence[Sequence[ReplayReport]],
 ) -> None:
     """Print the peaks of every recorded device, a row each and their total, a column pair
-    (peak requested, peak reserved) per setting; then each total in bytes."""
-    from rich.console import Console
-    from rich.markup import escape
+    (peak requested, peak reserved) per setting; then each total in bytes. Names are shown
+    escaped (:func:`accelrt._text.printable`)."""
     from rich.table import Table
+    from rich.text import Text
 
     from .memory._config import setting_text
 
-    console = Console() if sys.stdout.isatty() else Console(width=100_000)
-    console.print(f"[bold]{escape(name)}[/bold]: {len(traces)} recorded devices", soft_wrap=True)
+    console = _console()
+    console.print(
+        Text.assemble((printable(name), "bold"), f": {len(traces)} recorded devices"),
+        soft_wrap=True,
+    )
     table = Table()
     table.add_column("device", style="bold")
     for setting in settings:
-        head = escape(_short_setting(setting.label))
+        head = _short_setting(setting.label)
         table.add_column(f"{head}\npeak requested", justify="right", overflow="fold")
         table.add_column(f"{head}\npeak reserved", justify="right", overflow="fold")
     for trace, reports in zip(traces, runs, strict=True):
         cells = [(r.peak_requested_bytes, r.peak_reserved_bytes) for r in reports]
-        table.add_row(escape(trace.name), *(format_bytes(x) for pair in cells for x in pair))
+        table.add_row(printable(trace.name), *(format_bytes(x) for pair in cells for x in pair))
     totals = _totals(settings, runs)
     pairs = [(t["peak_requested_bytes"], t["peak_reserved_bytes"]) for t in totals]
     table.add_row("total", *(format_bytes(x) for pair in pairs for x in pair), style="bold")
@@ -903,7 +930,6 @@ def _print_totals(
             f"peak reserved {reserved} bytes"
             + ("" if recorded is None else f"; PyTorch recorded {recorded} bytes"),
             soft_wrap=True,
-            markup=False,
         )
 
 
@@ -912,7 +938,7 @@ def _grid_arg(text: str) -> tuple[str, list[str]]:
 
     try:
         return parse_grid(text)
-    except ValueError as exc:
+    except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -929,9 +955,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     import importlib.util
 
     if importlib.util.find_spec("dask") is None:
-        raise CliError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'")
+        raise InputError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'")
     if args.parquet and importlib.util.find_spec("pyarrow") is None:
-        raise CliError(f"--parquet {args.parquet} needs pyarrow: pip install pyarrow")
+        raise InputError(f"--parquet {args.parquet} needs pyarrow: pip install pyarrow")
     for output in (args.csv, args.parquet, args.png):
         for trace in args.trace:
             if os.path.exists(trace):
@@ -1083,6 +1109,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="accelrt",
         description="accelrt: a device-agnostic accelerator runtime with a caching allocator.",
+        epilog="Exit status: 0 done; 1 a sweep's trace failed; 2 an error in the input (one line "
+        f"on stderr; ACCELRT_DEBUG=1 adds the traceback); {EXIT_BUG} a bug in accelrt (the "
+        f"traceback: please report it); {EXIT_INTERRUPTED} interrupted.",
     )
     from . import __version__
 
@@ -1201,9 +1230,10 @@ def _reading_progress(path: str, show: bool) -> Iterator[ByteProgress | None]:
         yield None
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    name = os.path.basename(path)
+    name = escape(printable(os.path.basename(path)))  # the description is rich markup
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
     stderr = Console(stderr=True)
     with Progress(*columns, TimeRemainingColumn(), console=stderr, transient=True) as bar:
@@ -1224,47 +1254,23 @@ def _read_snapshot_file(path: str, *, progress: bool = False) -> dict[str, Any]:
     _input_file(path, _SNAPSHOT)
     kind = sniff(path)
     if kind == "jsonl":
-        raise CliError(f"{path} is a JSONL trace, not a snapshot pickle; use accelrt replay {path}")
+        raise InputError(
+            f"{path} is a JSONL trace, not a snapshot pickle; use accelrt replay {path}"
+        )
     if kind == "empty":
-        raise CliError(f"{path} is empty, not a snapshot pickle; give {_SNAPSHOT}")
+        raise InputError(f"{path} is empty, not a snapshot pickle; give {_SNAPSHOT}")
     if kind == "gzip":
-        raise CliError(
+        raise InputError(
             f"{path} is gzip'd data, neither a snapshot pickle nor a JSONL trace; if it is a "
             "gzip'd snapshot, decompress it first (gunzip)"
         )
     if kind != "pickle":
-        raise CliError(
+        raise InputError(
             f"{path} is not a snapshot pickle (a pickle of protocol 2 or later, starting with "
             f"byte 0x80) nor a JSONL trace; give {_SNAPSHOT}"
         )
     with _reading_progress(path, progress) as report:
-        return _malformed_snapshot_guard(path, read_snapshot, path, progress=report)
-
-
-def _malformed_snapshot_guard(
-    source: str | None, func: Callable[..., _T], /, *args: Any, **kw: Any
-) -> _T:
-    """Call ``func``; a snapshot dict of the wrong shape shows as a one-line error naming it.
-
-    ``source`` is the snapshot's path (None: not a snapshot, call ``func`` unguarded).
-    """
-    if source is None:
-        return func(*args, **kw)
-    try:
-        return func(*args, **kw)
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
-        what = f"missing key {exc}" if isinstance(exc, KeyError) else f"{exc}"
-        raise CliError(
-            f"{source}: not a well-formed memory snapshot ({type(exc).__name__}: {what})"
-        ) from None
-    except ValueError as exc:  # e.g. recorded settings out of range: say which file
-        from ._start_state import StartStateError
-
-        if isinstance(exc, StartStateError):  # names the setting; the caller goes on
-            raise
-        if str(exc).startswith(source):
-            raise
-        raise CliError(f"{source}: {exc}") from None
+        return read_snapshot(path, progress=report)
 
 
 _DEVICE_INDEX_HELP = (
@@ -1284,15 +1290,15 @@ def _check_device_index(
 
     if index is None:
         return
-    present = _malformed_snapshot_guard(path, snapshot_devices, snapshot)
+    present = snapshot_devices(snapshot)
     if index not in present:
-        raise CliError(
+        raise InputError(
             f"--device-index {index} is out of range for {path}: it has devices "
             f"{devices_text(present)}; choose one of them, or leave --device-index out for all"
         )
     recorded = devices_with_history(snapshot) if history else []
     if recorded and index not in recorded:
-        raise CliError(
+        raise InputError(
             f"device {index} of {path} recorded no allocation history; devices "
             f"{devices_text(recorded)} did: choose one with --device-index {recorded[0]}"
         )
@@ -1307,29 +1313,26 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
     snapshot = _read_snapshot_file(args.file, progress=_show_progress(args))
     if not devices_with_history(snapshot):  # the end state only: say what it holds
         _check_device_index(args.file, snapshot, args.device_index)
-        text = _malformed_snapshot_guard(
-            args.file, _end_state_summary, args.file, snapshot, args.device_index
-        )
-        print(text, end="")
+        text = _end_state_summary(args.file, snapshot, args.device_index)
+        print(printable(text, keep_newlines=True), end="")
         return 0
     traces = _snapshot_traces(args.file, snapshot, args.device_index)
     width = max(60, min(160, shutil.get_terminal_size().columns))
     reports = []
     for n, trace in enumerate(traces):
-        report = _malformed_snapshot_guard(
-            args.file, replay, trace, capture_at=[len(trace.events) - 1]
-        )
+        report = replay(trace, capture_at=[len(trace.events) - 1])
         reports.append(report)
         name = f"{trace.name} (recorded device {_recorded_device(trace)})"
-        print(("\n" if n else "") + format_summary(report.memory_stats, name), end="")
+        summary = format_summary(report.memory_stats, name)
+        print(("\n" if n else "") + printable(summary, keep_newlines=True), end="")
         print(
             "Figures from replaying the recorded history from its rewound start state under "
             f"its recorded settings ({report.config}); PyTorch recorded a peak reserved of "
             f"{report.recorded_peak_reserved_bytes} bytes (replay: {report.peak_reserved_bytes})."
         )
         print()
-        view = _malformed_snapshot_guard(args.file, _view, snapshot, trace, report)
-        print(_malformed_snapshot_guard(args.file, forensics_text, view, width=width), end="")
+        view = _view(snapshot, trace, report)
+        print(printable(forensics_text(view, width=width), keep_newlines=True), end="")
     if len(traces) > 1:
         from .memory._config import RECORDED, Setting
 
@@ -1380,11 +1383,8 @@ def _diff_run(
     """A label, the picture and the replay of one device of one side of a diff."""
     from .replay import replay
 
-    source = path if snapshot is not None else None
-    report = _malformed_snapshot_guard(
-        source, replay, trace, config=setting.config, capture_at=[len(trace.events) - 1]
-    )
-    view = _malformed_snapshot_guard(source, _view, snapshot, trace, report)
+    report = replay(trace, config=setting.config, capture_at=[len(trace.events) - 1])
+    view = _view(snapshot, trace, report)
     device = f" device {_recorded_device(trace)}" if several else ""
     return f"{os.path.basename(path)}{device}, setting from {setting.source}", view, report
 
@@ -1396,17 +1396,17 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
     files: list[str] = args.files
     given: list[Setting] = args.config or []
     if len(files) > 2:
-        raise CliError(f"snapshot diff compares two runs, got {len(files)} files; give A B")
+        raise InputError(f"snapshot diff compares two runs, got {len(files)} files; give A B")
     if len(files) == 1:
         if len(given) != 2:
-            raise CliError(
+            raise InputError(
                 "snapshot diff with one file compares it under two settings: give --config "
                 "twice (e.g. --config defaults --config expandable_segments:True), or give two "
                 "files"
             )
         files = [files[0], files[0]]
     if len(given) > 2:
-        raise CliError(f"--config given {len(given)} times; give it once for A and once for B")
+        raise InputError(f"--config given {len(given)} times; give it once for A and once for B")
     sides = [_diff_side(files[0], args.device_index)]
     # one file under two settings: read once (the replays do not change its traces)
     sides.append(sides[0] if files[1] == files[0] else _diff_side(files[1], args.device_index))
@@ -1414,7 +1414,7 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
     devices = [[_recorded_device(t) for t in traces] for _, traces in sides]
     if len(traces_a) + len(traces_b) > 2 and devices[0] != devices[1]:
         shown = [devices_text([d for d in ds if d is not None]) for ds in devices]
-        raise CliError(
+        raise InputError(
             f"{files[0]} has allocation history on devices {shown[0]} and {files[1]} on "
             f"{shown[1]}: compare one device of each with --device-index N"
         )
@@ -1432,7 +1432,8 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
     for n, (trace_a, trace_b) in enumerate(zip(traces_a, traces_b, strict=True)):
         a = _diff_run(files[0], snap_a, trace_a, settings[0], several)
         b = _diff_run(files[1], snap_b, trace_b, settings[1], several)
-        print(("\n" if n else "") + diff_text(a, b, width=width), end="")
+        text = printable(diff_text(a, b, width=width), keep_newlines=True)
+        print(("\n" if n else "") + text, end="")
         for side, (_, _, report) in zip("AB", (a, b), strict=True):
             if report.start_state != "empty":  # a recording begun mid-run: how it started
                 print(f"{side} start state: {report.describe_start()}")
@@ -1456,20 +1457,15 @@ def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
     if args.device_index is not None:
         devices = [args.device_index]
     else:  # every device with segments or history (device 0 of an empty snapshot)
-        in_use = _malformed_snapshot_guard(args.file, snapshot_devices, snapshot, in_use=True)
+        in_use = snapshot_devices(snapshot, in_use=True)
         devices = in_use or [0]
-
-    def text() -> str:
-        mine = [[s for s in snapshot["segments"] if s.get("device", 0) == d] for d in devices]
-        if len(devices) == 1:
-            return segment_text(mine[0])
-        parts = [
-            f"recorded device {d}:\n{segment_text(s)}" for d, s in zip(devices, mine, strict=True)
-        ]
-        total = segment_text([s for segments in mine for s in segments]).splitlines()[-1]
-        return "\n\n".join([*parts, f"total of {len(devices)} recorded devices: {total}"])
-
-    print(_malformed_snapshot_guard(args.file, text))
+    mine = [[s for s in snapshot["segments"] if s.get("device", 0) == d] for d in devices]
+    if len(devices) == 1:
+        print(segment_text(mine[0]))
+        return 0
+    parts = [f"recorded device {d}:\n{segment_text(s)}" for d, s in zip(devices, mine, strict=True)]
+    total = segment_text([s for segments in mine for s in segments]).splitlines()[-1]
+    print("\n\n".join([*parts, f"total of {len(devices)} recorded devices: {total}"]))
     return 0
 
 
@@ -1485,19 +1481,16 @@ def _cmd_snapshot_view(args: argparse.Namespace) -> int:
         _not_the_input(output, args.file)
     _check_png(args.png)
     # every device with history, else (the end state) every one with segments
-    in_use = _malformed_snapshot_guard(args.file, snapshot_devices, snapshot, in_use=True)
+    in_use = snapshot_devices(snapshot, in_use=True)
     recorded = devices_with_history(snapshot) or in_use
     devices = [args.device_index] if args.device_index is not None else recorded or [0]
     # what each picture shows first, so that the snapshot's entries go before the replays
-    pictures = [
-        _malformed_snapshot_guard(args.file, SnapshotPicture.take, args.file, snapshot, device)
-        for device in devices
-    ]
+    pictures = [SnapshotPicture.take(args.file, snapshot, device) for device in devices]
     del snapshot
     replay_shown = functools.partial(_replay_shown, show_progress=show_progress)
     views = []
     for device, picture in zip(devices, pictures, strict=True):
-        view = _malformed_snapshot_guard(args.file, picture.draw, run=replay_shown)
+        view = picture.draw(run=replay_shown)
         if len(recorded) > 1:  # the page says which device it shows
             view.title = snapshot_name(args.file, device)
         views.append(view)
@@ -1520,12 +1513,45 @@ def _quiet_stdout() -> None:
         return
 
 
+def _print_traceback(exc: BaseException) -> None:
+    """Print the traceback of ``exc`` on stderr, its input-derived text escaped (printable)."""
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    sys.stderr.write(printable(text, keep_newlines=True))
+
+
+def _input_error_text(exc: Exception) -> str:
+    """The one line an input error prints after ``error:`` (an ``OSError`` as ``FILE: why``)."""
+    message = str(exc)
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        message = f"{exc.filename}: {exc.strerror}"
+    return printable(_one_line(message))
+
+
+def _is_input_problem(exc: Exception) -> bool:
+    """Whether ``exc`` is about the user's input or environment (one ``error:`` line, status
+    2) rather than a bug in accelrt: an :class:`~accelrt._errors.InputError`, an ``OSError``
+    (a file, a connection), an ``AcceleratorError`` (a device failed or ran out of memory),
+    or an ``ImportError`` of a package that is not installed (not one of accelrt's modules).
+    """
+    if isinstance(exc, (InputError, OSError, AcceleratorError)):
+        return True
+    return isinstance(exc, ImportError) and (exc.name or "accelrt").partition(".")[0] != "accelrt"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``accelrt`` command; return its exit status.
 
-    Errors in the input (a missing or malformed trace, a bad option or setting) print one line
-    to stderr and return 2; Ctrl-C (``KeyboardInterrupt``) prints one line and returns 130.
-    Set ``ACCELRT_DEBUG=1`` to see the traceback of an unexpected error.
+    An error in the input, raised on purpose where it is found (an
+    :class:`~accelrt._errors.InputError`: a malformed trace or snapshot, a bad option or
+    setting; an ``OSError``: a file that cannot be read or written, a scheduler that cannot be
+    reached; an ``AcceleratorError``: a device that failed, ``OutOfMemoryError`` included),
+    prints one line to stderr, ``accelrt CMD: error: MESSAGE``, and returns 2 (with
+    ``ACCELRT_DEBUG=1`` set, its traceback first). Any other exception is a bug in accelrt:
+    its traceback, then a line asking for a report with the version, and 70 (``EX_SOFTWARE``).
+    Ctrl-C (``KeyboardInterrupt``) prints one line and returns 130. Everything printed is
+    escaped by :func:`accelrt._text.printable` (keeping the traceback's line breaks).
     """
     try:
         parser = build_parser()
@@ -1544,21 +1570,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:  # the reader of our output went away (e.g. `| head`)
             _quiet_stdout()
             return 1
-        except (CliError, ValueError, TypeError, OSError, RuntimeError, ImportError) as exc:
-            message = str(exc)
-            if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
-                message = f"{exc.filename}: {exc.strerror}"
-            print(f"accelrt {command}: error: {_one_line(message)}", file=sys.stderr)
-            return EXIT_USAGE
-        except Exception as exc:  # a bug, or input no check foresaw: still one line
-            if os.environ.get("ACCELRT_DEBUG"):
-                raise
+        except Exception as exc:
+            if _is_input_problem(exc):
+                if os.environ.get("ACCELRT_DEBUG"):
+                    _print_traceback(exc)
+                print(f"accelrt {command}: error: {_input_error_text(exc)}", file=sys.stderr)
+                return EXIT_USAGE
+            # a bug, or input that no check foresaw (a bug in the check)
+            from . import __version__
+
+            _print_traceback(exc)
             print(
-                f"accelrt {command}: error: unexpected {type(exc).__name__}: "
-                f"{_one_line(str(exc))} (ACCELRT_DEBUG=1 shows the traceback)",
+                f"accelrt {command}: internal error: this is a bug in accelrt {__version__}, not "
+                "a problem with your input; please report it with the command you ran and the "
+                "traceback above",
                 file=sys.stderr,
             )
-            return EXIT_USAGE
+            return EXIT_BUG
         return result
     except KeyboardInterrupt:
         print("accelrt: interrupted", file=sys.stderr)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._compiled import load
 from .._device import DeviceProperties
+from .._errors import InputError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -445,8 +446,9 @@ def get_backend(name: str) -> Backend:
     ------
     TypeError
         If ``name`` is not a string.
-    ValueError
-        If no backend of that name is registered; the message lists the registered ones.
+    InputError
+        (a ``ValueError``) If no backend of that name is registered; the message lists the
+        registered ones.
     """
     if not isinstance(name, str):
         raise TypeError(f"backend name must be a str, got {name!r}")
@@ -457,7 +459,7 @@ def get_backend(name: str) -> Backend:
         targets = _entry_point_targets()
         target = targets.get(name)
         if target is None:
-            raise ValueError(
+            raise InputError(
                 f"unknown backend {name!r}; registered backends: {', '.join(sorted(targets))}. "
                 f"Third-party backends register through the entry-point group "
                 f"'{ENTRY_POINT_GROUP}'."

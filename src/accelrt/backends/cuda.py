@@ -232,7 +232,8 @@ class CUDABackend:
                 self._driver = _load_driver()
             except ImportError as exc:
                 raise ImportError(
-                    f"the CUDA backend needs cuda-bindings: {INSTALL_HINT} ({_one_line(exc)})"
+                    f"the CUDA backend needs cuda-bindings: {INSTALL_HINT} ({_one_line(exc)})",
+                    name="cuda",
                 ) from exc
         return self._driver
 

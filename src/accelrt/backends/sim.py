@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._device import DeviceProperties
+from .._errors import InputError
 from .._units import parse_bytes
 from ._base import STORAGE_DTYPE_NAMES, BackendOutOfMemory, dtypes, visible_devices
 
@@ -252,7 +253,7 @@ class SimBackend:
         if device_count is None:
             text = os.environ.get(ENV_DEVICES, str(DEFAULT_DEVICE_COUNT)).strip()
             if not (text.isascii() and text.isdigit() and len(text) <= 6):
-                raise ValueError(
+                raise InputError(
                     f"{ENV_DEVICES}={text[:40]!r}: expected a device count in ASCII digits, "
                     f"1 to {MAX_DEVICE_COUNT}"
                 )
@@ -263,7 +264,7 @@ class SimBackend:
         if isinstance(device_count, bool) or not isinstance(device_count, int):
             raise TypeError(f"{where} must be an int, got {device_count!r}")
         if not 1 <= device_count <= MAX_DEVICE_COUNT:
-            raise ValueError(f"{where} must be 1 to {MAX_DEVICE_COUNT}, got {device_count}")
+            raise InputError(f"{where} must be 1 to {MAX_DEVICE_COUNT}, got {device_count}")
         if capacity is None:
             capacity = os.environ.get(ENV_CAPACITY, DEFAULT_CAPACITY)
             self.capacity = parse_bytes(capacity, name=ENV_CAPACITY)

@@ -45,6 +45,7 @@ from ._policy import (
     K_SMALL_SIZE,
     MAX_REQUEST_BYTES,
     UNLIMITED,
+    page_size,
     round_size,
     segment_size,
     should_split,
@@ -266,7 +267,7 @@ class CachingAllocator:
         return private.small if size <= K_SMALL_SIZE else private.large
 
     def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
-        alloc_size = segment_size(size)
+        alloc_size = segment_size(size, self.config.large_segment_size)
         if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
             self._garbage_collect()
         block = self._grow(pool, size, alloc_size, stream, is_retry=False)
@@ -387,7 +388,7 @@ class CachingAllocator:
                 walk = walk.next
             if room >= size:
                 return start
-        segment = self._source.reserve(stream, pool)
+        segment = self._source.reserve(stream, pool, self._page_size(pool))
         if segment is None:  # no address space left
             return None
         if segment.size < size:  # larger than the device: PyTorch would keep the range
@@ -576,10 +577,14 @@ class CachingAllocator:
             chain = self._lay_out(first.segment, first.address, blocks)
             return [block for block in chain if block.allocated]
 
+    def _page_size(self, pool: BlockPool) -> int:
+        """The page size of a new expandable segment of ``pool`` under the current settings."""
+        return page_size(pool.is_small, self.config.large_segment_size)
+
     def _restore_expandable(
         self, pool: BlockPool, stream: int, blocks: list[tuple[int, int]]
     ) -> list[Block]:
-        segment = self._source.reserve(stream, pool)
+        segment = self._source.reserve(stream, pool, self._page_size(pool))
         if segment is None:
             raise self._out_of_memory(0, 0, 0, stream)
         span = sum(b for b, _ in blocks)

@@ -2,8 +2,8 @@
 
 Same syntax as ``PYTORCH_ALLOC_CONF`` (docs/allocator.md section 11): ``key:value,key:[a:b,c:d]``,
 booleans ``True``/``False``; ``defaults`` (what :meth:`AllocatorConfig.describe` writes for
-them) names the defaults. Unknown keys and bad values raise ``ValueError`` naming the key and
-the allowed range.
+them) names the defaults. Unknown keys and bad values raise ``InputError`` (a ``ValueError``)
+naming the key and the allowed range.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .._errors import InputError
 
 __all__ = ["ENV_VAR", "ENV_VARS", "RECORDED", "AllocatorConfig", "Setting"]
 
@@ -46,6 +48,9 @@ UNMODELLED_TORCH_KEYS = (
     "pinned_num_register_threads",
     "pinned_use_background_threads",
     "pinned_reserve_segment_size_mb",
+    "pinned_max_cached_size_mb",
+    "pinned_max_round_threshold_mb",
+    "pin_memory_expandable_segments",
     "graph_capture_record_stream_reuse",
 )
 """Keys PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` takes that the device allocator's policy does not
@@ -53,6 +58,7 @@ depend on (the allocator backend, host-allocator and graph-capture knobs, the lo
 _KEYS = (
     "max_split_size_mb",
     "max_non_split_rounding_mb",
+    "large_segment_size_mb",
     "roundup_power2_divisions",
     "garbage_collection_threshold",
     "expandable_segments",
@@ -73,6 +79,10 @@ class AllocatorConfig:
     max_non_split_rounding : int
         Bytes; an oversize request may take a cached block at most this much larger. Default
         20 MiB. Key ``max_non_split_rounding_mb`` (MiB, >= 20).
+    large_segment_size : int
+        Bytes; the segment a request above 1 MiB and below 10 MiB gets, and the page size of
+        the large pool's expandable segments. Default 20 MiB. Key ``large_segment_size_mb``
+        (MiB, >= 2; PyTorch 2.13's ``AcceleratorAllocatorConfig``).
     roundup_power2_divisions : tuple of int
         16 slots (sizes below 2 MiB, then one per power of two up to >= 32 GiB); a value d > 1
         rounds requests up to the next of d steps between powers of two. Key
@@ -96,6 +106,7 @@ class AllocatorConfig:
 
     max_split_size: int | None = None
     max_non_split_rounding: int = 20 * MiB
+    large_segment_size: int = 20 * MiB
     roundup_power2_divisions: tuple[int, ...] = (0,) * NUM_ROUNDUP_SLOTS
     garbage_collection_threshold: float = 0.0
     expandable_segments: bool = False
@@ -207,7 +218,7 @@ class AllocatorConfig:
         try:
             return cls.parse(text)
         except ValueError as exc:
-            raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
+            raise InputError(f"{ENV_VAR}={text!r}: {exc}") from None
 
     @classmethod
     def from_torch_settings(cls, recorded: Mapping[str, Any] | None) -> AllocatorConfig:
@@ -252,7 +263,7 @@ class AllocatorConfig:
         try:
             return cls.parse(",".join(parts))
         except ValueError as exc:
-            raise ValueError(f"{exc} (a recorded setting: the snapshot is damaged)") from None
+            raise InputError(f"{exc} (a recorded setting: the snapshot is damaged)") from None
 
     def to_torch_settings(self) -> dict[str, Any]:
         """Return the settings as a snapshot's ``allocator_settings``, with PyTorch's keys.
@@ -293,6 +304,8 @@ class AllocatorConfig:
             parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
         if self.max_non_split_rounding != default.max_non_split_rounding:
             parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding // MiB}")
+        if self.large_segment_size != default.large_segment_size:
+            parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
         if self.roundup_power2_divisions != default.roundup_power2_divisions:
             slots = ",".join(f"{1 << i}:{d}" for i, d in enumerate(self.roundup_power2_divisions))
             parts.append(f"roundup_power2_divisions:[{slots}]")
@@ -345,7 +358,7 @@ def _recorded_division(key: Any, value: Any) -> tuple[int, int]:
     """One ``{"<MiB>": divisions}`` entry of recorded settings, as two ints."""
     size_mb, divisions = _ascii_int(key), _ascii_int(value)
     if size_mb is None or divisions is None:
-        raise ValueError(
+        raise InputError(
             f"roundup_power2_divisions entry {_shown(key)}: {_shown(value)} is not a pair of "
             "whole numbers (MiB: divisions) (a recorded setting: the snapshot is damaged)"
         )
@@ -368,7 +381,7 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
         elif char == "]":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced ']' in allocator settings {text!r}")
+                raise InputError(f"unbalanced ']' in allocator settings {text!r}")
         if char == "," and depth == 0:
             item = current.strip()
             current = ""
@@ -376,14 +389,14 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
                 continue
             key, sep, value = item.partition(":")
             if not sep or not key.strip() or not value.strip():
-                raise ValueError(
+                raise InputError(
                     f"malformed allocator setting {item!r} in {text!r}: expected 'key:value'"
                 )
             items.append((key.strip(), value.strip()))
         else:
             current += char
     if depth != 0:
-        raise ValueError(f"unbalanced '[' in allocator settings {text!r}")
+        raise InputError(f"unbalanced '[' in allocator settings {text!r}")
     return items
 
 
@@ -393,21 +406,23 @@ def _convert(key: str, raw: Any) -> dict[str, Any]:
         return {"max_split_size": _int_at_least(key, raw, 20) * MiB}
     if key == "max_non_split_rounding_mb":
         return {"max_non_split_rounding": _int_at_least(key, raw, 20) * MiB}
+    if key == "large_segment_size_mb":
+        return {"large_segment_size": _int_at_least(key, raw, 2) * MiB}
     if key == "roundup_power2_divisions":
         return {"roundup_power2_divisions": _divisions(raw)}
     if key == "garbage_collection_threshold":
         value = _float(key, raw)
         if not 0.0 < value < 1.0:
-            raise ValueError(f"{key} must be a number with 0 < x < 1, got {raw!r}")
+            raise InputError(f"{key} must be a number with 0 < x < 1, got {raw!r}")
         return {"garbage_collection_threshold": value}
     if key == "per_process_memory_fraction":
         value = _float(key, raw)
         if not 0.0 < value <= 1.0:
-            raise ValueError(f"{key} must be a number with 0 < x <= 1, got {raw!r}")
+            raise InputError(f"{key} must be a number with 0 < x <= 1, got {raw!r}")
         return {"per_process_memory_fraction": value}
     if key in ("expandable_segments", "release_lock_on_malloc"):
         return {key: _bool(key, raw)}
-    raise ValueError(f"unknown allocator setting {key!r}; known settings: {', '.join(_KEYS)}")
+    raise InputError(f"unknown allocator setting {key!r}; known settings: {', '.join(_KEYS)}")
 
 
 def _shown(raw: Any) -> str:
@@ -438,11 +453,11 @@ def _int_at_least(key: str, raw: Any, minimum: int) -> int:
     value = _ascii_int(raw)
     allowed = f"allowed: ASCII digits, {minimum} to {MAX_MB} (2**40)"
     if value is None or value < minimum:
-        raise ValueError(
+        raise InputError(
             f"{key} must be an integer >= {minimum} (MiB), got {_shown(raw)}; {allowed}"
         )
     if value > MAX_MB:
-        raise ValueError(f"{key} must be at most {MAX_MB} (MiB), got {_shown(raw)}; {allowed}")
+        raise InputError(f"{key} must be at most {MAX_MB} (MiB), got {_shown(raw)}; {allowed}")
     return value
 
 
@@ -458,7 +473,7 @@ def _float(key: str, raw: Any) -> float:
         except OverflowError:  # an int beyond float range
             value = math.inf
     if not math.isfinite(value):
-        raise ValueError(
+        raise InputError(
             f"{key} must be a number, got {_shown(raw)}; allowed: an ASCII decimal number "
             "such as 0.5 (not nan or inf)"
         )
@@ -472,7 +487,7 @@ def _bool(key: str, raw: Any) -> bool:
         return True
     if raw in ("False", "false", "0"):
         return False
-    raise ValueError(f"{key} must be True or False, got {raw!r}")
+    raise InputError(f"{key} must be True or False, got {raw!r}")
 
 
 def _division_value(raw: Any) -> int:
@@ -484,7 +499,7 @@ def _division_value(raw: Any) -> int:
     value = _ascii_int(raw)
     if value is None or value < 0 or value > MAX_DIVISIONS or (value & (value - 1)) != 0:
         shown = _shown(raw if isinstance(raw, str) else str(raw))
-        raise ValueError(
+        raise InputError(
             f"roundup_power2_divisions values must be 0 or a power of two, got {shown}; "
             f"allowed: 0, 1, 2, 4, ... up to {MAX_DIVISIONS} (2**16), in ASCII digits"
         )
@@ -494,7 +509,7 @@ def _division_value(raw: Any) -> int:
 def _divisions(raw: Any) -> tuple[int, ...]:
     if isinstance(raw, (list, tuple)):
         if len(raw) != NUM_ROUNDUP_SLOTS:
-            raise ValueError(
+            raise InputError(
                 f"roundup_power2_divisions as a sequence needs {NUM_ROUNDUP_SLOTS} values, "
                 f"got {len(raw)}"
             )
@@ -515,7 +530,7 @@ def _divisions(raw: Any) -> tuple[int, ...]:
     for entry in filter(None, (e.strip() for e in text[1:-1].split(","))):
         interval, sep, value_text = entry.partition(":")
         if not sep:
-            raise ValueError(
+            raise InputError(
                 f"roundup_power2_divisions entry {entry!r} must be 'MiB:divisions' or '>:divisions'"
             )
         value = _division_value(value_text)
@@ -526,7 +541,7 @@ def _divisions(raw: Any) -> tuple[int, ...]:
             continue
         size_mb = _ascii_int(interval) or 0
         if size_mb <= 0 or size_mb > MAX_MB or (size_mb & (size_mb - 1)) != 0:
-            raise ValueError(
+            raise InputError(
                 f"roundup_power2_divisions interval {_shown(interval)} must be a power of two in "
                 f"MiB; allowed: 1, 2, 4, ... up to {MAX_MB} (2**40), in ASCII digits"
             )

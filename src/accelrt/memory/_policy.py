@@ -68,18 +68,21 @@ def round_size(nbytes: int, config: AllocatorConfig) -> int:
     return -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
 
 
-def segment_size(rounded: int) -> int:
-    """Return the size of a new ordinary segment for a rounded request (section 2)."""
+def segment_size(rounded: int, large_segment: int = K_LARGE_BUFFER) -> int:
+    """Return the size of a new ordinary segment for a rounded request (section 2):
+    ``large_segment`` bytes (``large_segment_size_mb``, 20 MiB by default) for a request
+    above 1 MiB and below 10 MiB."""
     if rounded <= K_SMALL_SIZE:
         return K_SMALL_BUFFER
     if rounded < K_MIN_LARGE_ALLOC:
-        return K_LARGE_BUFFER
+        return large_segment
     return -(-rounded // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
-def page_size(is_small: bool) -> int:
-    """Return the page size of an expandable segment of the small or large pool (section 7)."""
-    return K_SMALL_BUFFER if is_small else K_LARGE_BUFFER
+def page_size(is_small: bool, large_segment: int = K_LARGE_BUFFER) -> int:
+    """Return the page size of an expandable segment of the small or large pool (section 7):
+    2 MiB, or ``large_segment`` bytes (``large_segment_size_mb``) for the large pool."""
+    return K_SMALL_BUFFER if is_small else large_segment
 
 
 def expandable_address_space(total_bytes: int, page_bytes: int) -> int:

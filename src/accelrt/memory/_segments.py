@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import AcceleratorError
 from ..backends._base import Backend, BackendOutOfMemory
-from ._policy import expandable_address_space, page_size
+from ._policy import expandable_address_space
 
 if TYPE_CHECKING:
     from ._block import BlockPool
@@ -96,14 +96,20 @@ class ExpandableSegment:
     is_expandable = True
 
     def __init__(
-        self, source: MemorySource, address: int, size: int, stream: int, pool: BlockPool
+        self,
+        source: MemorySource,
+        address: int,
+        size: int,
+        stream: int,
+        pool: BlockPool,
+        page: int,
     ) -> None:
         self._source = source
         self.address = address
         self.size = size
         self.stream = stream
         self.pool = pool
-        self.page_size = page_size(pool.is_small)
+        self.page_size = page
         self.mapped_bytes = 0  # the allocator's blocks say which pages are mapped
         self.frames: RawFrames | None = None
 
@@ -198,9 +204,9 @@ class MemorySource:
         """Give an ordinary segment back to the device."""
         self.backend.free(self.index, segment.address)
 
-    def reserve(self, stream: int, pool: BlockPool) -> ExpandableSegment | None:
-        """Reserve the address range of a new expandable segment (no memory is mapped yet), or
-        None when the device has no address space left.
+    def reserve(self, stream: int, pool: BlockPool, page: int) -> ExpandableSegment | None:
+        """Reserve the address range of a new expandable segment of ``page``-byte pages (no
+        memory is mapped yet), or None when the device has no address space left.
 
         Its size is 1.125 times the device's total memory, rounded up to whole pages, as
         PyTorch reserves.
@@ -211,7 +217,6 @@ class MemorySource:
             If the backend's mapping granularity does not divide the page size.
         """
         _, total = self.backend.mem_get_info(self.index)
-        page = page_size(pool.is_small)
         granularity = self.backend.vm_granularity(self.index)
         if page % granularity:
             raise AcceleratorError(
@@ -223,7 +228,7 @@ class MemorySource:
             address = self.backend.vm_reserve(self.index, size)
         except BackendOutOfMemory:
             return None
-        return ExpandableSegment(self, address, size, stream, pool)
+        return ExpandableSegment(self, address, size, stream, pool, page)
 
 
 class HostMemorySource:

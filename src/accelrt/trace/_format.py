@@ -8,14 +8,17 @@ import io
 import itertools
 import json
 import os
+import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from .._errors import InputError
+from .._units import format_bytes
 from ._columns import (
     OP_ALLOC,
     OP_EMPTY_CACHE,
@@ -50,8 +53,11 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _PICKLE_MAGIC = b"\x80"  # pickle protocol 2 and later
 
 
-class TraceFormatError(ValueError):
-    """A trace file is malformed; the message names the file, the line and the problem."""
+class TraceFormatError(InputError):
+    """A trace file is malformed; the message names the file, the line and the problem.
+
+    An :class:`accelrt._errors.InputError` (so a ``ValueError``): bad input, not a bug.
+    """
 
 
 @dataclass
@@ -101,14 +107,6 @@ class Trace:
         if isinstance(name, str) and name:
             return name
         return os.path.basename(self.path or "trace").split(".")[0]
-
-
-def _open_text(path: str | os.PathLike[str]) -> IO[str]:
-    with open(path, "rb") as raw:
-        magic = raw.read(2)
-    if magic == _GZIP_MAGIC:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
 
 
 def _shown(value: Any) -> str:
@@ -237,40 +235,37 @@ def _event_fields(obj: dict[str, Any], where: str) -> tuple[int, int, int, int, 
 def _load_jsonl_reference(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
     """Read a JSONL trace line by line: the reference reader (one ``json.loads`` an event).
 
-    :func:`load_jsonl` gives the same result and the same errors faster; it hands files it
-    cannot read (I/O errors, invalid UTF-8) to this reader so that those errors, and the
-    lines refused before them, are reported exactly as this reader reports them.
+    :func:`load_jsonl` gives the same result and the same errors faster. Both take their
+    lines from :func:`_text_chunks` (which refuses a line longer than ``MAX_LINE_BYTES`` and
+    leaves out blank lines without a step per line where they are many).
     """
     name = os.fspath(path)
     events: list[TraceEvent] = []
     live = _LiveSet()
     skipped = 0
-    try:
-        with _open_text(path) as lines:
-            header: dict[str, Any] | None = None
-            for number, line in enumerate(lines, start=1):
-                where = f"{name}:{number}"
-                obj = _json_line(line, where)
-                if obj is None:
-                    continue
-                if header is None:
-                    header = _check_header(obj, where)
-                    continue
-                op, addr, size, stream, host = _event_fields(obj, where)
-                if op == OP_EMPTY_CACHE:
-                    events.append(TraceEvent("empty_cache", 0, 0, 0))
-                    continue
-                keep = include_host or not host
-                if op == OP_ALLOC:
-                    live.alloc(addr, size, where, counted=keep)
-                else:
-                    size, keep = live.free(addr, where)
-                if keep:
-                    events.append(TraceEvent(_ACTIONS[op], addr, size, stream))
-                else:
-                    skipped += 1
-    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
-        _raise_read_error(name, exc)
+    header: dict[str, Any] | None = None
+    for chunk in _text_chunks(path):
+        for index, line in enumerate(_lines_of(chunk.data)):
+            where = f"{name}:{chunk.number(index)}"
+            obj = _json_line(line, where)
+            if obj is None:
+                continue
+            if header is None:
+                header = _check_header(obj, where)
+                continue
+            op, addr, size, stream, host = _event_fields(obj, where)
+            if op == OP_EMPTY_CACHE:
+                events.append(TraceEvent("empty_cache", 0, 0, 0))
+                continue
+            keep = include_host or not host
+            if op == OP_ALLOC:
+                live.alloc(addr, size, where, counted=keep)
+            else:
+                size, keep = live.free(addr, where)
+            if keep:
+                events.append(TraceEvent(_ACTIONS[op], addr, size, stream))
+            else:
+                skipped += 1
     if header is None:
         raise TraceFormatError(f"{name}: empty file, expected a header line")
     return Trace(
@@ -292,12 +287,26 @@ def _raise_read_error(name: str, exc: BaseException) -> None:
     raise TraceFormatError(f"{name}: cannot read trace ({exc})") from None
 
 
-class _ReadFailed(Exception):
-    """The fast reader met an I/O or decoding error: the reference reader reports it."""
-
-
 _CHUNK_BYTES = 1 << 20
-"""Bytes of text the fast reader scans at a time (its scratch memory is about 20 times this)."""
+"""Bytes of text the readers take from the file at a time (the fast reader's scratch memory is
+about 20 times what it scans at once); less than ``MAX_LINE_BYTES``, so that only a line that
+spans reads can be too long."""
+MAX_LINE_BYTES = 16 << 20
+"""The longest line a trace may have, in bytes of UTF-8 without its newline: 16 MiB. An event
+line is about 100 bytes and a header a few hundred; a longer line is refused with a
+:class:`TraceFormatError` naming the file, the line and this limit as soon as that much of it
+has been read, so that reading holds at most this much of a line whatever the file (and,
+scanning the longest line there can be, about 350 MB)."""
+_BLANK = b"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f "
+"""The ASCII bytes ``str.strip`` strips: text of these only is blank lines only (a line of other
+Unicode spaces is blank too, but is found blank line by line)."""
+_NOT_BLANK = re.compile(b"[^" + re.escape(_BLANK) + b"]")
+_TEXT_BYTE = np.ones(256, dtype=np.bool_)
+_TEXT_BYTE[list(_BLANK)] = False
+"""Per byte value: whether a line holding it is not blank."""
+_SHORT_LINE = 16
+"""A chunk of lines shorter than this many bytes on average (an event line is about 50) has
+its blank lines left out before it is scanned (:func:`_chunk_of`)."""
 
 
 def _open_binary(path: str | os.PathLike[str]) -> io.BufferedIOBase:
@@ -308,37 +317,112 @@ def _open_binary(path: str | os.PathLike[str]) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _text_chunks(path: str | os.PathLike[str]) -> Iterable[bytes]:
+class _Chunk(NamedTuple):
+    """Whole lines of a trace's text (:func:`_text_chunks`) and the numbers of those lines."""
+
+    data: bytes
+    """Lines, newlines ``\\n`` only (the file's last line may have none), valid UTF-8."""
+    first_line: int
+    """The number of the first line of ``data``."""
+    numbers: npt.NDArray[np.int64] | None = None
+    """The number of each line of ``data``, where blank lines were left out from between them;
+    None: ``first_line``, ``first_line + 1``..."""
+
+    def number(self, index: int) -> int:
+        """The number of line ``index`` of ``data`` (0: the first)."""
+        return self.first_line + index if self.numbers is None else int(self.numbers[index])
+
+    def after(self, index: int, offset: int) -> _Chunk:
+        """The lines from line ``index`` on, which begins at byte ``offset`` of ``data``."""
+        numbers = None if self.numbers is None else self.numbers[index:]
+        return _Chunk(self.data[offset:], self.first_line + index, numbers)
+
+
+def _chunk_of(data: bytes, first_line: int, lines: int) -> _Chunk:
+    """The chunk of ``data``, ``lines`` whole lines from line ``first_line`` on: without its
+    blank lines (of ``_BLANK`` bytes) where they are many (the lines shorter than
+    ``_SHORT_LINE`` bytes on average), left out by numpy passes over the bytes, not a step a
+    line as the scanner takes."""
+    if lines * _SHORT_LINE <= len(data):
+        return _Chunk(data, first_line)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    if len(ends) < lines:  # the file's last line, without its newline
+        ends = np.append(ends, len(data))
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = 0, ends[:-1] + 1
+    kept = np.logical_or.reduceat(_TEXT_BYTE[buf], starts)  # (each line has a byte: its newline)
+    keep_bytes = np.repeat(kept, ends - starts + 1)[: len(data)]
+    return _Chunk(buf[keep_bytes].tobytes(), first_line, first_line + np.flatnonzero(kept))
+
+
+def _text_chunks(path: str | os.PathLike[str]) -> Iterator[_Chunk]:
     """Yield the file's text as whole lines, newlines normalised to ``\\n``, UTF-8 checked.
+
+    Each chunk holds one or more whole lines (the last line of the file may lack its
+    newline) and their numbers. Text that is blank lines only is counted and not yielded, and
+    so are the blank lines of a chunk where they are many (:func:`_chunk_of`); a line cut
+    across reads is joined once, when its end is read.
 
     Raises
     ------
-    _ReadFailed
-        For any I/O, decompression or decoding error.
+    FileNotFoundError
+        If the file does not exist.
+    TraceFormatError
+        For a line longer than ``MAX_LINE_BYTES`` (``FILE:LINE: line ...``), raised once that
+        much of it is read; for any I/O, decompression or decoding error (``FILE: cannot read
+        trace (...)``), or a directory; all once the lines before them were yielded.
     """
+    name = os.fspath(path)
+    line = 1  # the number of the next line
     try:
         with _open_binary(path) as raw:
-            carry = b""
+            begun: list[bytes] = []  # the pieces of a line not ended yet
+            begun_bytes = 0
+            after_cr = False  # the last read ended with "\r": a "\n" first ends no line
             while True:
                 block = raw.read(_CHUNK_BYTES)
-                if block:
-                    data = carry + block
-                    cut = data.rfind(b"\n") + 1
-                    if not cut:
-                        carry = data
-                        continue
-                    data, carry = data[:cut], data[cut:]
-                else:
-                    data, carry = carry, b""
-                    if not data:
-                        return
-                if b"\r" in data:  # universal newlines, as the text reader has them
-                    data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                if not data.isascii():
-                    data.decode("utf-8")
-                yield data
-    except (OSError, EOFError, UnicodeDecodeError, zlib.error):
-        raise _ReadFailed from None
+                at_end = not block
+                if after_cr and block.startswith(b"\n"):
+                    block = block[1:]
+                after_cr = block.endswith(b"\r")
+                if b"\r" in block:  # universal newlines, as the text reader has them
+                    block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                first_end = block.find(b"\n")
+                if begun_bytes + (len(block) if first_end < 0 else first_end) > MAX_LINE_BYTES:
+                    raise TraceFormatError(
+                        f"{name}:{line}: line longer than {MAX_LINE_BYTES} bytes "
+                        f"({format_bytes(MAX_LINE_BYTES)}), the most a trace line may have (an "
+                        "event is a line of about 100 bytes)"
+                    )
+                if not at_end and first_end < 0:
+                    begun.append(block)
+                    begun_bytes += len(block)
+                    continue
+                cut = block.rfind(b"\n") + 1
+                data = b"".join([*begun, block[:cut]]) if begun_bytes else block[:cut]
+                begun, begun_bytes = [block[cut:]], len(block) - cut
+                if at_end and not data:
+                    return
+                lines = data.count(b"\n") + at_end  # at the end, a line with no newline
+                blank = data.isspace() or not data.lstrip(_BLANK)  # isspace: 6x as fast
+                if not blank:
+                    if not data.isascii():
+                        data.decode("utf-8")
+                    yield _chunk_of(data, line, lines)
+                line += lines
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
+        _raise_read_error(name, exc)
+
+
+def _lines_of(data: bytes) -> list[str]:
+    """The lines of a chunk of :func:`_text_chunks`, each with its newline (the file's last one
+    may have none)."""
+    lines = [line + "\n" for line in data.decode("utf-8").split("\n")]
+    lines[-1] = lines[-1][:-1]  # after the last newline: nothing, or a line without one
+    if not lines[-1]:
+        lines.pop()
+    return lines
 
 
 class _Columns:
@@ -355,14 +439,19 @@ class _Columns:
         self.arrays: list[array.array[Any]] = [array.array(code) for code, _ in self._TYPES]
         """Per column (op, addr, size, stream, host)."""
         self.count = 0
-        self.origins: list[tuple[int, int, npt.NDArray[np.intp] | None]] = []
-        """Per chunk: its first event, the number of its first line, and each event's line
-        index in the chunk (None where that is the event's index in the chunk)."""
+        self.origins: list[tuple[int, int, npt.NDArray[np.int64] | None]] = []
+        """Per chunk: its first event, the number of its first line, and what each event's
+        line number is more than that (None where that is the event's index in the chunk)."""
 
-    def add(self, scanned: ScannedLines, first_line: int, n: int) -> None:
+    def add(self, scanned: ScannedLines, chunk: _Chunk, n: int) -> None:
+        """Add the first ``n`` rows of ``scanned``, read from the lines of ``chunk``."""
         lines = scanned.lines[:n]
-        identity = not len(lines) or int(lines[-1]) == len(lines) - 1
-        self.origins.append((self.count, first_line, None if identity else lines.copy()))
+        if chunk.numbers is not None:
+            self.origins.append((self.count, 0, chunk.numbers[lines]))
+        else:
+            identity = not len(lines) or int(lines[-1]) == len(lines) - 1
+            offsets = None if identity else lines.astype(np.int64)
+            self.origins.append((self.count, chunk.first_line, offsets))
         columns: tuple[npt.NDArray[Any], ...] = (
             scanned.op,
             scanned.addr,
@@ -391,18 +480,20 @@ class _Columns:
 
 
 def _read_slow_lines(
-    scanned: ScannedLines, data: bytes, name: str, first_line: int
+    scanned: ScannedLines, chunk: _Chunk, name: str
 ) -> tuple[int, TraceFormatError | None]:
-    """Parse the lines the scanner left, one by one, into their rows of ``scanned``.
+    """Parse the lines the scanner left in ``chunk``, one by one, into their rows of
+    ``scanned``.
 
     Returns how many rows are good and the error of the first bad line (None: none).
     """
     dropped: list[int] = []
+    data = chunk.data
     for row in scanned.slow.tolist():
         index = int(scanned.lines[row])
         start, end = int(scanned.starts[index]), int(scanned.ends[index])
         line = data[start:end].decode("utf-8") + ("\n" if end < len(data) else "")
-        where = f"{name}:{first_line + index}"
+        where = f"{name}:{chunk.number(index)}"
         try:
             obj = _json_line(line, where)
             if obj is None:  # not reached: the scanner's blank lines are the reference's
@@ -446,6 +537,27 @@ def _live_bytes(op: Any, size: Any) -> tuple[int, int]:
     return peak, end
 
 
+def _header_of(chunk: _Chunk, name: str) -> tuple[dict[str, Any] | None, _Chunk]:
+    """Find the header in the first chunk of :func:`_text_chunks`: its first line that is not
+    blank, checked (:func:`_check_header`).
+
+    Returns the header (None: the chunk is blank lines) and the chunk's lines after it. Blank
+    lines of ASCII spaces are passed over in one search.
+    """
+    data = chunk.data
+    at = index = 0  # a line's first byte, and its index in the chunk
+    while (found := _NOT_BLANK.search(data, at)) is not None:
+        start = data.rfind(b"\n", at, found.start()) + 1
+        index += data.count(b"\n", at, start)
+        at = data.find(b"\n", start) + 1 or len(data)
+        where = f"{name}:{chunk.number(index)}"
+        obj = _json_line(data[start:at].decode("utf-8"), where)
+        index += 1
+        if obj is not None:
+            return _check_header(obj, where), chunk.after(index, at)
+    return None, chunk.after(index, len(data))
+
+
 def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> Trace:
     """Read and validate a JSONL trace file into columns.
 
@@ -468,51 +580,48 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
         If the file does not exist.
     TraceFormatError
         If any line is not valid: not JSON, not an object, a wrong header (or a header
-        ``device_capacity_bytes`` that is not an integer in [0, 2**63)), an unknown action, a
-        missing field, an ``addr`` or ``size`` that is not an integer in [0, 2**63) (a
-        ``stream`` in [-2**63, 2**63)), an alloc of a live address, or a free of an address
-        that is not live. The message names the file and the first bad line.
+        ``device_capacity_bytes`` that is not an integer in [0, 2**63), or a ``name`` longer
+        than :data:`MAX_NAME_CHARS`), an unknown action, a missing field, an ``addr`` or
+        ``size`` that is not an integer in [0, 2**63) (a ``stream`` in [-2**63, 2**63)), an
+        alloc of a live address, or a free of an address that is not live, a line longer than
+        :data:`MAX_LINE_BYTES`. The message names the file and the first bad line. Also for a
+        file that cannot be read (``FILE: cannot read trace (...)``: I/O, decompression or
+        UTF-8 errors; a directory), once the lines before the error were checked.
 
     Notes
     -----
-    Lines are read a few MiB at a time and turned into numpy columns without a Python object
+    Lines are read a MiB at a time and turned into numpy columns without a Python object
     per event (``accelrt.trace._columns``); the few lines that are not plain events (escapes,
     huge numbers, errors) are read one by one by the reference code, so results and messages
-    are those of the line-by-line reader. Memory: about 26 bytes an event while reading, 25
-    after.
+    are those of the line-by-line reader. A line cut across reads is joined once; a MiB of
+    blank lines is counted in one pass and not scanned. Memory: about 26 bytes an event while
+    reading, 25 after; about 20 times the longest line (at most ``MAX_LINE_BYTES``) while it
+    is scanned.
     """
-    try:
-        return _load_columns(path, include_host)
-    except _ReadFailed:
-        return _load_jsonl_reference(path, include_host=include_host)
-
-
-def _load_columns(path: str | os.PathLike[str], include_host: bool) -> Trace:
     name = os.fspath(path)
     header: dict[str, Any] | None = None
     columns = _Columns()
     shapes: dict[bytes, _Shape] = {}
     error: TraceFormatError | None = None
-    lines_read = 0
-    for chunk in _text_chunks(path):
-        data = chunk
-        while header is None and data:  # the header: the first line that is not blank
-            end = data.find(b"\n") + 1 or len(data)
-            lines_read += 1
-            where = f"{name}:{lines_read}"
-            obj = _json_line(data[:end].decode("utf-8"), where)
-            data = data[end:]
-            if obj is not None:
-                header = _check_header(obj, where)
-        if not data:
-            continue
-        scanned = scan_lines(data, shapes)
-        good, error = _read_slow_lines(scanned, data, name, lines_read + 1)
-        columns.add(scanned, lines_read + 1, good)
-        lines_read += len(scanned.starts)
-        if error is not None:
+    chunks = _text_chunks(path)
+    while error is None:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
             break
+        except TraceFormatError as exc:  # reported after the bad lines before it, if any
+            error = exc
+            break
+        if header is None:
+            header, chunk = _header_of(chunk, name)
+        if not chunk.data:
+            continue
+        scanned = scan_lines(chunk.data, shapes)
+        good, error = _read_slow_lines(scanned, chunk, name)
+        columns.add(scanned, chunk, good)
     if header is None:
+        if error is not None:
+            raise error
         raise TraceFormatError(f"{name}: empty file, expected a header line")
     if not columns.count:
         if error is not None:
@@ -605,6 +714,26 @@ def load(
     return load_jsonl(path, include_host=include_host)
 
 
+MAX_NAME_CHARS = 4096
+"""The longest header ``name`` a trace may have, in characters. The name heads every output of
+``accelrt replay`` (and the picture's title); a longer one is refused, naming its length and
+this limit, rather than cut short (a trace without a name goes by its file's name)."""
+
+
+def _check_header_fields(obj: dict[str, Any], where: str) -> None:
+    """Check the header fields accelrt reads, as :func:`load` and :func:`write` both do: an
+    integer ``device_capacity_bytes`` in [0, 2**63), a ``name`` of at most
+    :data:`MAX_NAME_CHARS` characters; ``where`` begins the message (``FILE:1: header``)."""
+    if "device_capacity_bytes" in obj:
+        _int_field(obj, "device_capacity_bytes", where)
+    name = obj.get("name")
+    if isinstance(name, str) and len(name) > MAX_NAME_CHARS:
+        raise TraceFormatError(
+            f"{where}: field 'name' is {len(name)} characters long, more than the limit of "
+            f"{MAX_NAME_CHARS}; shorten it"
+        )
+
+
 def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
     if obj.get("type") != "header" or obj.get("format") != FORMAT:
         raise TraceFormatError(
@@ -617,8 +746,7 @@ def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: unsupported format_version {_shown(version)}; this accelrt reads "
             f"{FORMAT_VERSION}"
         )
-    if "device_capacity_bytes" in obj:
-        _int_field(obj, "device_capacity_bytes", f"{where}: header")
+    _check_header_fields(obj, f"{where}: header")
     return obj
 
 
@@ -648,7 +776,8 @@ def write(
     TraceFormatError
         If the events are inconsistent (a free of an address that is not live, ...) or hold
         what :func:`load` refuses (an unknown action; an ``addr`` or ``size`` that is not an
-        integer in [0, 2**63); a header ``device_capacity_bytes`` out of that range).
+        integer in [0, 2**63); a header ``device_capacity_bytes`` out of that range, or a
+        header ``name`` longer than :data:`MAX_NAME_CHARS`).
     """
     rows = [e._asdict() if isinstance(e, TraceEvent) else dict(e) for e in events]
     live = _LiveSet()
@@ -674,8 +803,7 @@ def write(
             frees += 1
     full_header: dict[str, Any] = {"type": "header", "format": FORMAT, "format_version": 1}
     full_header.update(header or {})
-    if "device_capacity_bytes" in full_header:
-        _int_field(full_header, "device_capacity_bytes", "header")
+    _check_header_fields(full_header, "header")
     full_header["stats"] = {
         "events": len(rows),
         "allocs": allocs,

@@ -56,7 +56,8 @@ def record_torch(
         from torch.profiler import ProfilerActivity, profile
     except ImportError as exc:  # pragma: no cover - exercised only without torch
         raise ImportError(
-            "record_torch needs PyTorch: pip install 'accelrt[torch]' (torch==2.13.0)"
+            "record_torch needs PyTorch: pip install 'accelrt[torch]' (torch==2.13.0)",
+            name="torch",
         ) from exc
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
