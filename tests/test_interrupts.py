@@ -13,7 +13,6 @@ import pytest
 
 import accelrt as acc
 from accelrt.memory import CachingAllocator
-from conftest import _opencl_available
 
 if TYPE_CHECKING:
     from conftest import SigintAtRandomLines
@@ -128,9 +127,10 @@ _BODIES = {
 
 @pytest.mark.parametrize("body", sorted(_BODIES))
 @pytest.mark.parametrize("backend", ["sim", "opencl"])
-def test_ctrl_c_arrives_in_a_loop_of_public_calls(backend: str, body: str) -> None:
-    if backend == "opencl" and not _opencl_available():
-        pytest.skip("no OpenCL device (install accelrt[pocl])")
+def test_ctrl_c_arrives_in_a_loop_of_public_calls(
+    backend: str, body: str, request: pytest.FixtureRequest
+) -> None:
+    request.getfixturevalue(backend)  # skips without an OpenCL device
     script = _LOOP.format(body=_BODIES[body])
     done = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", script, backend],
