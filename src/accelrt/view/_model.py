@@ -9,15 +9,15 @@ they are stacked: older ones lower.
 
 from __future__ import annotations
 
-import gzip
-import io
+import array
+import itertools
 import json
 import operator
 import os
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,7 @@ from .._gc import collector_paused
 from .._units import format_bytes
 from ..memory._history import SegmentInfo
 from ..trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, _signed
-from ..trace._format import Trace
+from ..trace._format import Trace, _lines_of, _text_chunks
 from ..trace._snapshot import devices_with_history, trace_from_snapshot
 from ..trace._snapshot_schema import read_snapshot
 from ._stacks import CleanStack, clean_stack
@@ -59,8 +59,14 @@ CAPTURED_SEGMENTS = 150_000
 """About how many segments the segment maps a snapshot's picture captures hold together at
 most: a recording with many segments gets fewer moments than ``DEFAULT_MOMENTS`` (each
 captured segment costs about 3 microseconds and 1.5 KB while the replay runs)."""
+CAPTURED_BLOCKS = 1_000_000
+"""About how many allocated blocks the segment maps a picture captures hold together at most:
+a trace that holds many allocations at once (a paged KV cache: 10^5 blocks of one size) gets
+fewer moments than ``DEFAULT_MOMENTS`` (each captured block costs about 2 to 4 microseconds
+while the replay runs and 1 more while the page's data is made), so that the capture grows
+with the trace, not with its square."""
 MIN_MOMENTS = 24
-"""The fewest moments a snapshot's picture captures, whatever its segments."""
+"""The fewest moments a picture captures by default, whatever its segments and blocks."""
 EVENT_ALLOC, EVENT_FREE, EVENT_EMPTY_CACHE, EVENT_OOM = 0, 1, 2, 3
 _STATE_CODES = {"active_allocated": 0, "active_pending_free": 1, "inactive": 2}
 _BY_ADDRESS = operator.itemgetter("address")
@@ -264,7 +270,7 @@ def _allocating(trace: Trace) -> npt.NDArray[np.bool_]:
     return mask
 
 
-def picture_moments(trace: Trace, moments: int = DEFAULT_MOMENTS) -> list[int]:
+def picture_moments(trace: Trace, moments: int | None = None) -> list[int]:
     """Return the event indices after which a picture of ``trace`` shows the segment map.
 
     Pass them to ``accelrt.replay.replay(..., capture_at=...)``; the report then has what
@@ -273,10 +279,13 @@ def picture_moments(trace: Trace, moments: int = DEFAULT_MOMENTS) -> list[int]:
     Parameters
     ----------
     trace : Trace
-    moments : int
+    moments : int, optional
         About this many indices, evenly spread, the last event included; plus the event of
         the peak of live bytes and every recorded OOM. ``[-1]`` (before the first event) for
-        an empty trace.
+        an empty trace. Default: ``DEFAULT_MOMENTS``, or fewer where the maps would hold more
+        than ``CAPTURED_BLOCKS`` allocations (the most the trace holds at once, with a
+        snapshot's blocks live at its start) or, a snapshot's, ``CAPTURED_SEGMENTS`` segments
+        (the most of its start or end) together; at least ``MIN_MOMENTS``.
 
     Returns
     -------
@@ -288,14 +297,12 @@ def picture_moments(trace: Trace, moments: int = DEFAULT_MOMENTS) -> list[int]:
     ValueError
         If ``moments`` is less than 1.
     """
-    if moments < 1:
+    if moments is not None and moments < 1:
         raise ValueError(f"moments must be at least 1, got {moments}")
     events = trace.events
     n_events = len(events)
     if n_events == 0:
         return [-1]
-    step = max(1, n_events // moments)
-    chosen = {*range(step - 1, n_events, step), n_events - 1, -1}
     failed = _failed_events(trace)
     ops = events.op.copy()
     ops[failed] = OP_EMPTY_CACHE  # a failed request allocates nothing
@@ -307,10 +314,30 @@ def picture_moments(trace: Trace, moments: int = DEFAULT_MOMENTS) -> list[int]:
     has = partner >= 0
     change[has] = -sizes[partner[has]]
     live = np.cumsum(change)
+    if moments is None:
+        made = (sizes != 0).astype(np.int64)  # allocations of no bytes make no block
+        counted = np.where(frees, 0, made)
+        counted[has] = -made[partner[has]]
+        moments = _default_moments(trace, int(np.cumsum(counted).max(initial=0)))
+    step = max(1, n_events // moments)
+    chosen = {*range(step - 1, n_events, step), n_events - 1, -1}
     if len(live) and live.max() > 0:
         chosen.add(int(walk[np.argmax(live)]))  # the first event at the peak
     chosen.update(failed.tolist())
     return sorted(chosen)
+
+
+def _default_moments(trace: Trace, peak_allocations: int) -> int:
+    """How many moments :func:`picture_moments` spreads by default over ``trace``, whose events
+    make at most ``peak_allocations`` allocations of some bytes that are live at once."""
+    blocks, segments = peak_allocations, 1
+    recording = trace.recording
+    if recording is not None:  # with the blocks and segments it held when recording began
+        start = recording.start_segments
+        blocks += sum(1 for s in start for b in s.blocks if b.requested_size)
+        segments = max(len(start), recording.segments_at_end, 1)
+    moments = min(DEFAULT_MOMENTS, CAPTURED_BLOCKS // max(blocks, 1), CAPTURED_SEGMENTS // segments)
+    return max(MIN_MOMENTS, moments)
 
 
 def _freed(addr: Int64Array, frees: npt.NDArray[np.bool_]) -> Int64Array:
@@ -328,20 +355,56 @@ def _freed(addr: Int64Array, frees: npt.NDArray[np.bool_]) -> Int64Array:
 # --------------------------------------------------------------------------- building
 
 
+_Cleaned = tuple[Any, tuple[str, ...], tuple[str, ...], int]
+"""A frame and what it adds to its stack (:func:`clean_stack` of it alone): Python lines, C++
+lines, hidden frames; the frame is held so that its identity is not another's."""
+_PYTHON_LINES, _NATIVE_LINES, _HIDDEN = (operator.itemgetter(n) for n in (1, 2, 3))
+_CLEANED_FRAMES = 1 << 16
+"""About the most frame dicts :class:`_Stacks` remembers cleaned (then it forgets them all):
+PyTorch's snapshots share a few thousand among all their stacks."""
+
+
+_FRAME_CONTENT = operator.itemgetter("name", "filename", "line")
+
+
+def _content_key(frames: list[Any]) -> Any:
+    """The names, files and lines of the dict frames of ``frames``, three after three; the
+    identity of ``frames`` where one of them cannot be hashed (a stack of its own)."""
+    try:  # every frame a dict with all three (as PyTorch writes them): at C speed
+        key = tuple(itertools.chain.from_iterable(map(_FRAME_CONTENT, frames)))
+    except (KeyError, TypeError):
+        key = tuple(
+            value
+            for f in frames
+            if type(f) is dict
+            for value in (f.get("name"), f.get("filename"), f.get("line"))
+        )
+    try:
+        hash(key)
+    except TypeError:
+        return id(frames)
+    return key
+
+
 class _Stacks:
     """The distinct recorded stacks of a picture, each cleaned once (:func:`clean_stack`).
 
-    A stack is found first among the stacks seen with the same length and the same frame
+    A stack is found first as the stack first seen with the same length and the same frame
     dicts at a quarter, half and three quarters of the way (PyTorch's pickles hold one dict
     per distinct frame, shared by every stack it is in, so comparing two equal stacks is a
-    walk of identical pointers), then by the frames' names, files and lines. The identities
-    stay valid while the frames are alive: an instance lives no longer than what it reads.
+    walk of identical pointers), else by the identities of all its frame dicts, else by the
+    frames' names, files and lines: each costs one pass over its frames, however many stacks
+    share frames. The identities stay valid while the frames are alive: an instance lives no
+    longer than what it reads.
     """
 
     def __init__(self) -> None:
         self.stacks: list[CleanStack] = []
         self._by_frames: dict[Any, int] = {}
-        self._seen: dict[tuple[int, ...], list[tuple[list[Any], int]]] = {}
+        self._by_ids: dict[bytes, int] = {}
+        self._lines: dict[str, str] = {}
+        self._cleaned: dict[int, _Cleaned] = {}  # by the identity of the frame
+        self._first: dict[tuple[int, ...], tuple[list[Any], int]] = {}
 
     def intern(self, frames: Any) -> int:
         """The index in ``stacks`` of the stack of ``frames`` (added if new); -1 for none."""
@@ -349,33 +412,53 @@ class _Stacks:
             return -1
         n = len(frames)
         key = (n, id(frames[n >> 2]), id(frames[n >> 1]), id(frames[-1 - (n >> 2)]))
-        seen = self._seen.get(key)
-        if seen is None:
-            seen = self._seen[key] = []
-        for known, ident in seen:
-            if known == frames:
-                return ident
-        ident = self._by_content(frames)
-        seen.append((frames, ident))
+        first = self._first.get(key)
+        if first is not None and first[0] == frames:
+            return first[1]
+        ids = array.array("Q", map(id, frames)).tobytes()
+        ident = self._by_ids.get(ids)
+        if ident is None:
+            ident = self._by_ids[ids] = self._by_content(frames)
+        if first is None:
+            self._first[key] = (frames, ident)
         return ident
 
     def _by_content(self, frames: list[Any]) -> int:
-        try:
-            key: Any = tuple(
-                (f.get("name"), f.get("filename"), f.get("line")) for f in frames if type(f) is dict
-            )
-            hash(key)
-        except TypeError:
-            key = id(frames)
+        key = _content_key(frames)
         ident = self._by_frames.get(key)
         if ident is None:
             ident = self._by_frames[key] = self.add(frames)
         return ident
 
     def add(self, frames: Any) -> int:
-        """Add the stack of ``frames`` as a stack of its own; return its index."""
-        self.stacks.append(clean_stack(frames))
+        """Add the stack of ``frames`` as a stack of its own; return its index.
+
+        :func:`clean_stack` cleans a stack frame by frame, so a stack is put together from its
+        frames cleaned one at a time (``clean_stack([frame])``), each frame dict once however
+        many stacks hold it (while at most about ``_CLEANED_FRAMES`` are remembered), and each
+        line is held once however many stacks show it.
+        """
+        frames = frames if isinstance(frames, list) else []
+        known = list(map(self._cleaned.get, map(id, frames)))
+        cleaned = cast("list[_Cleaned]", known) if all(known) else self._clean(frames)
+        python = tuple(itertools.chain.from_iterable(map(_PYTHON_LINES, cleaned)))
+        native = tuple(itertools.chain.from_iterable(map(_NATIVE_LINES, cleaned)))
+        self.stacks.append(CleanStack(python, native, sum(map(_HIDDEN, cleaned))))
         return len(self.stacks) - 1
+
+    def _clean(self, frames: list[Any]) -> list[_Cleaned]:
+        """Clean the frames of ``frames`` not cleaned yet; return what each adds to a stack."""
+        cleaned = self._cleaned
+        if len(cleaned) + len(frames) > _CLEANED_FRAMES:
+            cleaned.clear()
+        line = self._lines.setdefault
+        for frame in frames:
+            if id(frame) not in cleaned:
+                one = clean_stack([frame])
+                python = tuple(map(line, one.python, one.python))
+                native = tuple(map(line, one.native, one.native))
+                cleaned[id(frame)] = (frame, python, native, one.hidden)
+        return [cleaned[id(frame)] for frame in frames]
 
 
 @dataclass(frozen=True)
@@ -566,21 +649,14 @@ def _jsonl_extras(trace: Trace) -> tuple[list[Any], list[Any]] | None:
         return None
     ops: list[Any] = []
     times: list[Any] = []
+    header = True
     try:
-        with open(trace.path, "rb") as raw:
-            magic = raw.read(2)
-        stream: Any = (
-            gzip.open(trace.path, "rt", encoding="utf-8")  # noqa: SIM115
-            if magic == b"\x1f\x8b"
-            else open(trace.path, encoding="utf-8")  # noqa: SIM115
-        )
-        with stream as lines:
-            first = True
-            for line in lines:
+        for chunk in _text_chunks(trace.path):
+            for line in _lines_of(chunk.data):
                 if not line.strip():
                     continue
-                if first:
-                    first = False
+                if header:
+                    header = False
                     continue
                 obj = json.loads(line)
                 if (
@@ -592,7 +668,7 @@ def _jsonl_extras(trace: Trace) -> tuple[list[Any], list[Any]] | None:
                 ops.append(obj.get("op"))
                 t = obj.get("t")
                 times.append(t if isinstance(t, (int, float)) and not isinstance(t, bool) else None)
-    except (OSError, ValueError, EOFError, io.UnsupportedOperation):
+    except (OSError, ValueError):
         return None
     if len(ops) != len(trace.events):
         return None
@@ -687,6 +763,16 @@ def _op_ids(names: list[Any], ops: list[str]) -> list[int]:
     return out
 
 
+def _unused_by_size(live: list[int], sizes: list[int]) -> dict[int, Iterator[int]]:
+    """Per requested size, an iterator over the allocations of ``live`` of that size, in the
+    order of ``live``: a block takes the first it yields that is not used yet, so that the
+    matching of a moment costs one pass over ``live`` however many blocks share a size."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i in live:
+        groups[sizes[i]].append(i)
+    return {size: iter(members) for size, members in groups.items()}
+
+
 class _Moments:
     """Turns captured segment maps into the page's moments, allocated blocks tied to the
     allocations live then; a segment unchanged since the moment before is shared with it."""
@@ -702,7 +788,10 @@ class _Moments:
         view, sizes = self.view, self.sizes
         live = view.live_at(state)
         by_addr = dict(zip(view.addr[live].tolist(), live.tolist(), strict=True))
-        by_size: dict[int, list[int]] | None = None  # made when an address does not match
+        # per requested size, the live allocations not yet looked at, oldest first: made when
+        # an address does not match; a block whose address does not match takes the first
+        # unused one, and (``used`` only grows) what it passes over is used for good
+        by_size: dict[int, Iterator[int]] | None = None
         used: set[int] = set()
         out = []
         shown: dict[int, list[Any]] = {}
@@ -721,9 +810,7 @@ class _Moments:
                 owner = owner_at(blk["address"], -1)
                 if owner < 0 or owner in used or sizes[owner] != requested:
                     if by_size is None:
-                        by_size = defaultdict(list)
-                        for i in live.tolist():
-                            by_size[sizes[i]].append(i)
+                        by_size = _unused_by_size(live.tolist(), sizes)
                     owner = next((i for i in by_size.get(requested, ()) if i not in used), -1)
                 if owner >= 0:
                     used.add(owner)
@@ -984,9 +1071,10 @@ class SnapshotPicture:
         Parameters
         ----------
         moments : int, optional
-            About how many segment maps to capture (see :func:`picture_moments`); default
-            ``DEFAULT_MOMENTS``, or fewer where the recording holds so many segments that they
-            would hold more than ``CAPTURED_SEGMENTS`` together (at least ``MIN_MOMENTS``).
+            About how many segment maps to capture; default: as :func:`picture_moments`
+            spreads them (``DEFAULT_MOMENTS``, or fewer where the recording holds so many
+            segments or allocations that the maps would hold more than ``CAPTURED_SEGMENTS``
+            segments or ``CAPTURED_BLOCKS`` blocks together; at least ``MIN_MOMENTS``).
         run : callable, optional
             What replays the trace: called as ``run(trace, capture_at=...)`` (default
             :func:`accelrt.replay.replay`; e.g. one that shows progress).
@@ -1002,11 +1090,6 @@ class SnapshotPicture:
             from ..replay import replay
 
             run = replay
-        if moments is None:
-            recording = self.trace.recording
-            assert recording is not None
-            segments = max(len(recording.start_segments), recording.segments_at_end, 1)
-            moments = max(MIN_MOMENTS, min(DEFAULT_MOMENTS, CAPTURED_SEGMENTS // segments))
         report = run(self.trace, capture_at=picture_moments(self.trace, moments))
         return view_of_trace(self.trace, report, title=self.title, details=self.details)
 

@@ -13,7 +13,7 @@ import html
 import json
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy.typing as npt
 from .._units import format_bytes
 from ..memory._history import SegmentInfo
 from ._model import View
+from ._stacks import CleanStack
 
 __all__ = ["render_html", "render_pages", "render_png", "segment_text"]
 
@@ -105,6 +106,23 @@ def _moment_rows(moments: list[dict[str, Any]]) -> tuple[list[Any], list[dict[st
     return rows, out
 
 
+_STACKS_AT_ONCE = 4096
+"""Stacks turned into JSON text at a time: the page's data is compressed as it is made."""
+
+
+def _meta_json(stacks: Sequence[CleanStack], rest: dict[str, Any]) -> Iterator[str]:
+    """The text of ``json.dumps({"stacks": [[python, native, hidden], ...], **rest})`` (no
+    spaces), in pieces: a few thousand stacks at a time, so that the text of every stack is
+    never held at once."""
+    yield '{"stacks":['
+    for first in range(0, len(stacks), _STACKS_AT_ONCE):
+        some = stacks[first : first + _STACKS_AT_ONCE]
+        rows = [[list(s.python), list(s.native), s.hidden] for s in some]
+        text = json.dumps(rows, separators=(",", ":"))
+        yield ("," if first else "") + text[1:-1]
+    yield "]," + json.dumps(rest, separators=(",", ":"))[1:]
+
+
 def _payload(view: View) -> tuple[dict[str, Any], str]:
     """The page's JSON head and its base64 blob."""
     streams = sorted(set(view.stream.tolist()))
@@ -129,24 +147,30 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
     ]
     if view.times is not None:
         columns.append(("times", np.diff(view.times, prepend=0.0), "<f8", "f64"))
-    meta = {
-        "stacks": [[list(s.python), list(s.native), s.hidden] for s in view.stacks],
+    rows, moments = _moment_rows(view.moments)
+    meta = {  # after the stacks
         "ops": view.ops,
         "groups": group_names,
         "streams": [str(s) for s in streams],
         "ooms": view.ooms,
+        "rows": rows,
+        "moments": moments,
     }
-    meta["rows"], meta["moments"] = _moment_rows(view.moments)
-    parts: list[bytes] = []
+    compressor = zlib.compressobj(6)
+    compressed: list[bytes] = []
     layout: list[list[Any]] = []
     for name, values, dtype, code in columns:
         data = _shuffled(values, dtype)
-        parts.append(data)
+        compressed.append(compressor.compress(data))
         layout.append([name, code, len(values), len(data)])
-    meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
-    parts.append(meta_bytes)
-    layout.append(["meta", "json", 0, len(meta_bytes)])
-    blob = base64.b64encode(zlib.compress(b"".join(parts), 6)).decode("ascii")
+    meta_length = 0
+    for text in _meta_json(view.stacks, meta):
+        data = text.encode()
+        compressed.append(compressor.compress(data))
+        meta_length += len(data)
+    compressed.append(compressor.flush())
+    layout.append(["meta", "json", 0, meta_length])
+    blob = base64.b64encode(b"".join(compressed)).decode("ascii")
     head = {
         "title": view.title,
         "events": view.events,
