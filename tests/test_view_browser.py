@@ -135,6 +135,23 @@ def test_record_torch_style_trace_shows_op_names(tmp_path: Path) -> None:
     assert int(result["attrs"]["drawn"]) < 40  # zoomed in: fewer and larger on screen
 
 
+def test_a_name_that_opens_an_html_comment_still_draws(tmp_path: Path) -> None:
+    # "<!--<script>" in a trace name made the page's JSON open a comment in the HTML parser,
+    # so the page never drew (issue 25); every "<" in the JSON is now written \u003c
+    name = "evil <!--<script> </script> model"
+    path = tmp_path / "evil.jsonl.gz"
+    rows = [{"action": "alloc", "addr": i, "size": (i + 1) * MiB, "stream": 0, "t": i * 1000,
+             "op": "aten::<!--"} for i in range(8)]  # fmt: skip
+    write(path, rows, {"name": name})
+    trace = load(path)
+    page = tmp_path / "evil.html"
+    report = replay(trace, capture_at=picture_moments(trace))
+    page.write_text(render_html(view_of_trace(trace, report)))
+    result = _load(page)
+    _check_page(result)
+    assert html.escape(name) in result["dom"]  # the title, as text
+
+
 def _view_with_small_allocations() -> View:
     """Two big allocations freed early, then 300 of 1 MiB, each live for 40 events, under three
     stacks with two distinct top frames."""

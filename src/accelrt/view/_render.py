@@ -199,7 +199,7 @@ def render_html(view: View) -> str:
         any event. About 10 bytes per event; the same view gives the same text.
     """
     head, blob = _payload(view)
-    head_text = json.dumps(head, separators=(",", ":")).replace("</", "<\\/")
+    head_text = json.dumps(head, separators=(",", ":")).replace("<", "\\u003c")
     return _PAGE % {
         "title": html.escape(view.title),
         "css": _asset("page.css"),
