@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import pickle
 import random
@@ -242,6 +243,31 @@ def test_replay_escapes_the_trace_name(capsys: pytest.CaptureFixture[str], tmp_p
     out = capsys.readouterr().out
     assert not RAW.search(out)
     assert json.loads(out)["trace"] == name  # JSON keeps the name exactly
+
+
+@pytest.mark.parametrize("name", ["bad\ud800name", "$\\foo^$ and $x_{1}$"])
+def test_a_lone_surrogate_or_mathtext_in_a_name_is_drawn_as_text(
+    name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # a lone surrogate ended in a UnicodeEncodeError, mathtext made --png fail (issue 25)
+    pytest.importorskip("matplotlib")
+    path = _evil_trace(tmp_path / "odd.jsonl.gz", name)
+    html_path, png_path = tmp_path / "odd.html", tmp_path / "odd.png"
+    argv = [
+        "replay",
+        str(path),
+        "--device",
+        "sim",
+        "--html",
+        str(html_path),
+        "--png",
+        str(png_path),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert printable(name) in out and "\ud800" not in out.replace("\\ud800", "")
+    assert html_path.read_text(encoding="utf-8").count(html.escape(printable(name))) >= 2
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_sweep_escapes_trace_names_and_errors(

@@ -15,9 +15,10 @@ import re
 
 __all__ = ["printable"]
 
-_OTHERS = r"\x7f-\x9f\u202a-\u202e\u2066-\u2069"
-"""DEL (U+007F), C1 (U+0080-U+009F), and the bidirectional embeddings and overrides
-(U+202A-U+202E) and isolates (U+2066-U+2069)."""
+_OTHERS = r"\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+"""DEL (U+007F), C1 (U+0080-U+009F), the bidirectional embeddings and overrides
+(U+202A-U+202E) and isolates (U+2066-U+2069), and lone surrogates (U+D800-U+DFFF: JSON and
+pickles can hold them, but no terminal or UTF-8 file can take them)."""
 _UNSAFE = re.compile(rf"[\x00-\x1f{_OTHERS}]")
 """C0 (U+0000-U+001F) and the others."""
 _UNSAFE_BUT_NEWLINE = re.compile(rf"[\x00-\x09\x0b-\x1f{_OTHERS}]")
@@ -46,7 +47,8 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     str
         ``text`` with every C0 control character (tab and newline included), DEL and C1
         control character written as ``\xNN`` and every bidirectional embedding, override or
-        isolate (U+202A-U+202E, U+2066-U+2069) as ``\uNNNN``, the way ``git`` and ``ls``
+        isolate (U+202A-U+202E, U+2066-U+2069) and lone surrogate (U+D800-U+DFFF) as
+        ``\uNNNN``, the way ``git`` and ``ls``
         show them: ``"a\x1b[2Jb"`` becomes ``a\x1b[2Jb`` (a backslash, ``x1b``, then
         ``[2Jb``). Everything else is kept, backslashes included, so the escaped text is for
         reading, not for decoding back. ``text`` itself when nothing needs escaping (one

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._text import printable
 from .._units import format_bytes
 from ..memory._history import SegmentInfo
 from ._model import View
@@ -201,7 +202,7 @@ def render_html(view: View) -> str:
     head, blob = _payload(view)
     head_text = json.dumps(head, separators=(",", ":")).replace("<", "\\u003c")
     return _PAGE % {
-        "title": html.escape(view.title),
+        "title": html.escape(printable(view.title)),
         "css": _asset("page.css"),
         "js": _asset("page.js"),
         "head": head_text,
@@ -240,14 +241,14 @@ def render_pages(views: Sequence[View], title: str) -> str:
     """
     sections, contents = [], []
     for n, view in enumerate(views):
-        name = html.escape(view.title)
+        name = html.escape(printable(view.title))
         contents.append(f'<a href="#view-{n}">{name}</a>')
         sections.append(
             f'<section id="view-{n}"><h2>{name}</h2><iframe title="{name}" '
             f'srcdoc="{html.escape(render_html(view))}"></iframe></section>'
         )
     return _PAGES % {
-        "title": html.escape(title),
+        "title": html.escape(printable(title)),
         "count": len(views),
         "contents": ", ".join(contents),
         "sections": "\n".join(sections),
@@ -300,7 +301,10 @@ def render_png(view: View, path: str | os.PathLike[str]) -> None:
     ax.set_ylabel("live bytes")
     ticks = ax.get_yticks()
     ax.set_yticks(ticks, [format_bytes(int(t)) for t in ticks])
-    ax.set_title(f"{view.title}: active memory, peak {format_bytes(view.peak_bytes)}")
+    ax.set_title(  # as text: a "$" in a name is not mathtext
+        f"{printable(view.title)}: active memory, peak {format_bytes(view.peak_bytes)}",
+        parse_math=False,
+    )
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
