@@ -412,7 +412,8 @@ def test_a_server_that_is_not_dask_is_refused_within_the_timeout(
     ("argv", "message"),
     [
         (["--config", "foo:1"], "argument --config: unknown allocator setting 'foo'; known "
-         "settings: max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
+         "settings: max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, "
+         "roundup_power2_divisions, "
          "garbage_collection_threshold, expandable_segments, per_process_memory_fraction, "
          "release_lock_on_malloc (in 'foo:1') (see 'accelrt sweep --help')"),
         (["--grid", "max_split_size_mb=128,1"], "max_split_size_mb must be an integer >= 20 "
