@@ -162,22 +162,19 @@ def _cases(
                 (f"{n:,} live", ["replay", str(path), "--html", str(out), "--device", "sim"])
             )
         cases.append(("matching", runs))
-    if "blank" in chosen:
+    for key, label, sizes_mib, make in (
+        ("blank", "blank lines", (128, 1280), _blank_trace),
+        ("line", "one line", (256, 2048), _one_line_trace),
+    ):
+        if key not in chosen:
+            continue
         runs = []
-        for mib in (128, 1280):
-            path = tmp / f"blank_{mib}.jsonl.gz"
+        for mib in sizes_mib:
+            path = tmp / f"{key}_{mib}.jsonl.gz"
             if write:
-                _blank_trace(path, mib)
+                make(path, mib)
             runs.append((f"{mib} MiB", ["replay", str(path), "--device", "sim"]))
-        cases.append(("blank lines", runs))
-    if "line" in chosen:
-        runs = []
-        for mib in (256, 2048):
-            path = tmp / f"line_{mib}.jsonl.gz"
-            if write:
-                _one_line_trace(path, mib)
-            runs.append((f"{mib} MiB", ["replay", str(path), "--device", "sim"]))
-        cases.append(("one line", runs))
+        cases.append((label, runs))
     if "stacks" in chosen:
         summary, view = [], []
         for n in (30_000, 300_000):

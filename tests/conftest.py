@@ -15,11 +15,14 @@ os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
 os.environ.pop("ACCELRT_BACKEND", None)
 
 import _thread
+import pickle
 import random
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -145,3 +148,18 @@ def sigint_at_random_lines() -> type[SigintAtRandomLines]:
 def settle() -> Callable[[float], int]:
     """:func:`settle_interrupts`: catch the interrupts still on their way."""
     return settle_interrupts
+
+
+@pytest.fixture
+def small_recording(tmp_path: Path) -> dict[str, Any]:
+    """A snapshot recorded on ``sim`` device 0, decoded: 1 MiB and 5 MiB allocated, the 1 MiB
+    freed, then dumped (history and segments as ``accelrt.dump_snapshot`` writes them)."""
+    acc.backends.use("sim")
+    acc.record_memory_history()
+    blocks = [acc.empty(n) for n in (1 << 20, 5 << 20)]
+    blocks[0].free()
+    path = tmp_path / "small_recording.pickle"
+    acc.dump_snapshot(path)
+    blocks[1].free()
+    data: dict[str, Any] = pickle.loads(path.read_bytes())
+    return data

@@ -296,16 +296,9 @@ def test_a_sweep_row_that_hits_a_bug_says_so(
     )
 
 
-def _evil_snapshot(path: Path, devices: int = 1) -> Path:
-    """A recorded snapshot whose allocations' stacks hold ``EVIL`` in a frame's name and file
-    name, on ``devices`` devices (the same history on each)."""
-    acc.backends.use("sim")
-    acc.record_memory_history()
-    blocks = [acc.empty(n) for n in (MiB, 5 * MiB)]
-    blocks[0].free()
-    acc.dump_snapshot(path)
-    blocks[1].free()
-    data = pickle.loads(path.read_bytes())
+def _evil_snapshot(path: Path, data: dict[str, Any], devices: int = 1) -> Path:
+    """``data`` (the ``small_recording``) as a snapshot whose allocations' stacks hold ``EVIL``
+    in a frame's name and file name, on ``devices`` devices (the same history on each)."""
     frames = [{"name": f"forward{EVIL}", "filename": f"/work/model{EVIL}.py", "line": 7}]
     for entry in data["device_traces"][0]:
         if "frames" in entry:
@@ -331,9 +324,13 @@ def _evil_snapshot(path: Path, devices: int = 1) -> Path:
 )
 @pytest.mark.parametrize("devices", [1, 2])
 def test_snapshot_commands_escape_frames_and_file_names(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], devices: int
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    small_recording: dict[str, Any],
+    argv: list[str],
+    devices: int,
 ) -> None:
-    snap = _evil_snapshot(tmp_path / f"run{EVIL}.pickle", devices)
+    snap = _evil_snapshot(tmp_path / f"run{EVIL}.pickle", small_recording, devices)
     assert main([a.format(snap=snap) for a in argv]) == 0
     out = capsys.readouterr().out
     assert not RAW.search(out)
@@ -344,9 +341,9 @@ def test_snapshot_commands_escape_frames_and_file_names(
 
 
 def test_the_end_state_summary_escapes_frames(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, small_recording: dict[str, Any]
 ) -> None:
-    snap = _evil_snapshot(tmp_path / f"end{EVIL}.pickle")
+    snap = _evil_snapshot(tmp_path / f"end{EVIL}.pickle", small_recording)
     data = pickle.loads(snap.read_bytes())
     data["device_traces"] = [[]]  # no history: the summary shows the end state
     snap.write_bytes(pickle.dumps(data))
@@ -373,12 +370,15 @@ def test_error_messages_escape_what_they_quote(
 
 
 def test_a_recording_start_that_does_not_fit_escapes_the_trace_name(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    small_recording: dict[str, Any],
 ) -> None:
     def cannot_hold(*args: object, **kwargs: object) -> Any:
         raise StartStateError("the start does not fit")
 
-    snap = _evil_snapshot(tmp_path / f"run{EVIL}.pickle")
+    snap = _evil_snapshot(tmp_path / f"run{EVIL}.pickle", small_recording)
     monkeypatch.setattr(cli, "_replay_shown", cannot_hold)
     assert main(["replay", str(snap), "--no-progress"]) == 2
     assert capsys.readouterr().err == f"error: run{SHOWN}: the start does not fit\n"

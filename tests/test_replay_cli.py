@@ -286,19 +286,11 @@ def test_comparison_table_heads_are_short_and_nothing_wraps_in_a_pipe(
     assert lines[legend + 4].endswith("; peak reserved 530579456 bytes")
 
 
-def _two_device_snapshot(path: Path) -> Path:
-    """A snapshot whose devices 0 and 1 both recorded history (device 1: twice the sizes)."""
+def _two_device_snapshot(path: Path, data: dict[str, Any]) -> Path:
+    """``data`` (the ``small_recording``) as a snapshot whose devices 0 and 1 both recorded
+    history (device 1: twice the sizes)."""
     import pickle
 
-    import accelrt as acc
-
-    acc.backends.use("sim")
-    acc.record_memory_history()
-    blocks = [acc.empty(n) for n in (MiB, 5 * MiB)]
-    blocks[0].free()
-    acc.dump_snapshot(path)
-    blocks[1].free()
-    data = pickle.loads(path.read_bytes())
     doubled = [dict(e, size=2 * e["size"]) for e in data["device_traces"][0]]
     data["device_traces"] = [data["device_traces"][0], doubled]
     data["segments"] += [dict(s, device=1) for s in data["segments"]]
@@ -307,11 +299,11 @@ def _two_device_snapshot(path: Path) -> Path:
 
 
 def test_device_index_means_the_same_in_replay_and_snapshot(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, small_recording: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     from accelrt.cli import build_parser
 
-    snap = _two_device_snapshot(tmp_path / "two.pickle")
+    snap = _two_device_snapshot(tmp_path / "two.pickle", small_recording)
     page = tmp_path / "p.html"
     commands = {
         "replay": ["replay", str(snap), "--no-progress"],
