@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import socket
 import subprocess
@@ -158,6 +159,54 @@ def test_local_cluster_gives_the_same_results(
         with distributed.Client(cluster) as client:  # a Client of one's own works too
             again = sweep(traces["small"], "defaults", scheduler=client)
         assert again.to_dicts()[0]["peak_reserved_bytes"] == results[6].peak_reserved_bytes
+
+
+def test_dask_conventions_find_the_cluster(
+    traces: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # DASK_SCHEDULER_ADDRESS, --scheduler-file, the dashboard link and the version check, as
+    # Dask's own Client() has them (issue 25)
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp",
+        dashboard_address="127.0.0.1:0",
+    ) as cluster:
+        address = cluster.scheduler_address
+        monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", address)
+        assert sweep(traces["small"], "defaults").scheduler == address
+        monkeypatch.delenv("DASK_SCHEDULER_ADDRESS")
+        scheduler_file = tmp_path / "scheduler.json"
+        scheduler_file.write_text(json.dumps({"type": "Scheduler", "address": address}))
+        argv = ["sweep", traces["small"], "--scheduler-file", str(scheduler_file), "--json"]
+        assert cli.main(argv) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out)["scheduler"] == address
+        assert re.fullmatch(
+            r"accelrt sweep: Dask dashboard at http://[\w.]+:\d+/status\n", captured.err
+        )
+
+        def mismatched(self: Any, check: bool = False, packages: Any = None) -> Any:
+            raise ValueError("Mismatched versions found\n\n| Package | Client | Scheduler |")
+
+        monkeypatch.setattr(distributed.Client, "get_versions", mismatched)
+        with pytest.raises(ValueError) as info:
+            sweep(traces["small"], scheduler=address)
+        assert str(info.value) == (
+            f"the Dask scheduler or workers at {address} run other versions than this client; "
+            "install the same ones there: Mismatched versions found | Package | Client | "
+            "Scheduler |"
+        )
+    with pytest.raises(FileNotFoundError, match=r"scheduler file .* does not exist"):
+        sweep(traces["small"], scheduler_file=tmp_path / "none.json")
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "bogus")
+    with pytest.raises(ValueError, match="^DASK_SCHEDULER_ADDRESS: unknown scheduler 'bogus'"):
+        sweep(traces["small"])
 
 
 def test_cli_json_has_one_entry_per_combination(

@@ -603,8 +603,14 @@ def _grid_value(value: Any) -> str:
 
 
 def _check_scheduler(scheduler: Any) -> str | Any:
-    if scheduler is None:
-        return "processes"
+    if scheduler is None:  # Dask's convention, as Client() has it, else every local core
+        from_env = os.environ.get("DASK_SCHEDULER_ADDRESS", "").strip()
+        if not from_env:
+            return "processes"
+        try:
+            return _check_scheduler(from_env)
+        except InputError as exc:
+            raise InputError(f"DASK_SCHEDULER_ADDRESS: {exc}") from None
     if not isinstance(scheduler, str):
         if type(scheduler).__name__ == "Client" and hasattr(scheduler, "submit"):
             return scheduler
@@ -676,6 +682,8 @@ def sweep(
     progress: ProgressCallback | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
     start: str = "modelled",
+    scheduler_file: str | os.PathLike[str] | None = None,
+    on_connect: Callable[[Any], None] | None = None,
 ) -> SweepResults:
     """Replay every (trace, setting, capacity) combination, in parallel on Dask.
 
@@ -703,9 +711,12 @@ def sweep(
         Also bisect, per trace and setting, for the smallest capacity (a multiple of
         :data:`GRANULARITY`, 2 MiB) at which the replay runs without an OOM.
     scheduler : str or distributed.Client, optional
-        ``"processes"`` (the default: a local pool of processes), ``"threads"``,
-        ``"synchronous"`` (in this thread, for debugging), ``"tcp://HOST:PORT"`` (an existing
-        ``dask.distributed`` scheduler; its workers need accelrt installed), or a ``Client``.
+        ``"processes"`` (a local pool of processes), ``"threads"``, ``"synchronous"`` (in this
+        thread, for debugging), ``"tcp://HOST:PORT"`` or ``"tls://HOST:PORT"`` (an existing
+        ``dask.distributed`` scheduler; its workers need accelrt installed; TLS takes its
+        certificates from Dask's configuration, ``distributed.comm.tls``), or a ``Client``.
+        None (the default): ``DASK_SCHEDULER_ADDRESS`` where it is set, as ``Client()``
+        reads it, else ``"processes"``.
     num_workers : int, optional
         Local schedulers only: processes or threads to use; default every core here.
     include_host : bool
@@ -719,6 +730,12 @@ def sweep(
         Called as ``progress(done, total)`` with combinations done, as work completes.
     connect_timeout : float
         Seconds to wait for a ``tcp://`` scheduler (default 5).
+    scheduler_file : str or path-like, optional
+        The JSON file ``dask scheduler --scheduler-file`` writes: connect to the scheduler it
+        names (instead of ``scheduler``).
+    on_connect : callable, optional
+        Called with the ``distributed.Client`` once connected to a scheduler (and its versions
+        checked), e.g. to show its ``dashboard_link``.
     start : {"modelled", "recorded"}
         For a recording that began mid-run, under settings other than the recorded one: its
         start state rebuilt under each setting (default) or kept as recorded
@@ -741,7 +758,12 @@ def sweep(
         If Dask (or, for a ``tcp://`` address, dask.distributed) is not installed:
         ``pip install 'accelrt[sweep]'``.
     ConnectionError
-        If no scheduler answers at the ``tcp://`` address within ``connect_timeout``.
+        If no scheduler answers at the ``tcp://`` address within ``connect_timeout``, or what
+        answers there is not a Dask scheduler.
+    InputError
+        A ``ValueError``: if the scheduler or its workers run other versions of accelrt,
+        Dask or the packages Dask checks than this client (``Client.get_versions``), or both
+        ``scheduler`` and ``scheduler_file`` are given.
     KeyboardInterrupt
         On Ctrl-C; pending work is cancelled and local worker processes are stopped.
 
@@ -791,12 +813,23 @@ def sweep(
         raise ImportError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'", name="dask")
 
     client, owned = None, False
-    if not isinstance(where, str):
+    if scheduler_file is not None:
+        if scheduler is not None:
+            raise InputError(
+                f"give a scheduler or a scheduler file, not both (scheduler {_shown(scheduler)}, "
+                f"scheduler_file {_shown(scheduler_file)})"
+            )
+        client, owned = _connect_file(os.fspath(scheduler_file), connect_timeout), True
+    elif not isinstance(where, str):
         client = where
     elif "://" in where:
         client = _connect(where, connect_timeout)
         owned = True
     try:
+        if owned:
+            _check_versions(client)
+            if on_connect is not None:
+                on_connect(client)
         if client is not None:
             workers = max(1, sum(client.nthreads().values()))
         else:
@@ -828,7 +861,8 @@ def sweep(
                 )
                 sizes.append(_size_of(path))
         if client is not None:
-            name = where if isinstance(where, str) else str(client.scheduler.address)
+            named = isinstance(where, str) and scheduler_file is None
+            name = where if named else str(client.scheduler.address)
             rows = _run_distributed(client, tasks, sizes, progress)
         else:
             name = where
@@ -914,6 +948,34 @@ def _connect(address: str, timeout: float) -> Any:
         raise ConnectionError(
             f"cannot reach the Dask scheduler at {address} within {timeout:g} s; check the "
             "address, or start one there with `dask scheduler`"
+        ) from None
+
+
+def _connect_file(path: str, timeout: float) -> Any:
+    """A ``Client`` of the scheduler a ``--scheduler-file`` JSON names."""
+    from distributed import Client
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"scheduler file {path!r} does not exist; `dask scheduler --scheduler-file PATH` "
+            "writes it"
+        )
+    try:
+        return Client(scheduler_file=path, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError):
+        raise ConnectionError(
+            f"cannot reach the Dask scheduler that {path!r} names within {timeout:g} s"
+        ) from None
+
+
+def _check_versions(client: Any) -> None:
+    """Refuse a cluster whose scheduler or workers run other versions than this client."""
+    try:
+        client.get_versions(check=True, packages=["accelrt"])
+    except ValueError as exc:
+        raise InputError(
+            f"the Dask scheduler or workers at {client.scheduler.address} run other versions "
+            f"than this client; install the same ones there: {_one_line(str(exc))}"
         ) from None
 
 

@@ -1012,6 +1012,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             device_index=args.device_index,
             progress=progress,
             start=args.start,
+            scheduler_file=args.scheduler_file,
+            on_connect=_print_dashboard,
         )
     if args.csv:
         write_csv(results, args.csv)
@@ -1024,6 +1026,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     else:  # wide enough for the tables when written to a file or a pipe
         print_results(results, Console() if sys.stdout.isatty() else Console(width=140))
     return 1 if any(r.error for r in results) else 0
+
+
+def _print_dashboard(client: Any) -> None:
+    """Say where the connected cluster's dashboard is, on stderr."""
+    link = getattr(client, "dashboard_link", None)
+    if link:
+        print(f"accelrt sweep: Dask dashboard at {printable(str(link))}", file=sys.stderr)
 
 
 def _add_sweep_parser(sub: Any) -> None:
@@ -1063,11 +1072,16 @@ def _add_sweep_parser(sub: Any) -> None:
         action="store_true",
         help="bisect for the smallest capacity (to 2 MiB) each setting runs in without an OOM",
     )
-    swp.add_argument(
+    where = swp.add_mutually_exclusive_group()
+    where.add_argument(
         "--scheduler",
-        default="processes",
-        help="processes (default: every core), threads, synchronous, or tcp://HOST:PORT of a "
-        "dask.distributed scheduler",
+        help="processes (every core), threads, synchronous, or tcp:// or tls://HOST:PORT of a "
+        "dask.distributed scheduler (default: DASK_SCHEDULER_ADDRESS where set, else processes)",
+    )
+    where.add_argument(
+        "--scheduler-file",
+        metavar="PATH",
+        help="connect to the scheduler this file names (dask scheduler --scheduler-file PATH)",
     )
     swp.add_argument(
         "--workers", type=_workers_arg, help="local processes or threads (default: every core)"
