@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -205,8 +206,53 @@ def test_dask_conventions_find_the_cluster(
     with pytest.raises(FileNotFoundError, match=r"scheduler file .* does not exist"):
         sweep(traces["small"], scheduler_file=tmp_path / "none.json")
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "bogus")
-    with pytest.raises(ValueError, match="^DASK_SCHEDULER_ADDRESS: unknown scheduler 'bogus'"):
+    with pytest.raises(ValueError, match=r"^DASK_SCHEDULER_ADDRESS: unknown scheduler 'bogus'"):
         sweep(traces["small"])
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test's certificate")
+def test_a_tls_cluster_gives_the_same_results(traces: dict[str, str], tmp_path: Path) -> None:
+    # tls:// with Dask's own TLS settings and a certificate made here (issue 25)
+    distributed = pytest.importorskip("distributed")
+    import dask
+    from distributed.security import Security
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    roles = ("scheduler", "worker", "client")
+    security = Security(
+        tls_ca_file=str(cert),
+        require_encryption=True,
+        **{f"tls_{role}_{part}": str(path) for role in roles
+           for part, path in (("cert", cert), ("key", key))},
+    )  # fmt: skip
+    paths = [traces["example"], traces["small"]]
+    local = sweep(paths, CONFIGS, scheduler="synchronous")
+    client_tls = {
+        "distributed.comm.tls.ca-file": str(cert),
+        "distributed.comm.tls.client.cert": str(cert),
+        "distributed.comm.tls.client.key": str(key),
+    }
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, protocol="tls",
+            security=security, dashboard_address=None, host="127.0.0.1",
+        ) as cluster,
+        dask.config.set(client_tls),
+    ):  # fmt: skip
+        address = cluster.scheduler_address
+        assert address.startswith("tls://")
+        remote = sweep(paths, CONFIGS, scheduler=address)
+    assert remote.scheduler == address
+    assert [r.peak_reserved_bytes for r in remote] == [r.peak_reserved_bytes for r in local]
+    assert [r.report and r.report.num_device_alloc for r in remote] == [
+        r.report and r.report.num_device_alloc for r in local
+    ]
 
 
 def test_cli_json_has_one_entry_per_combination(
