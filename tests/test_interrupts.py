@@ -114,6 +114,23 @@ _BODIES = {
     "empty_cache alone": """
         acc.empty_cache()
 """,
+    "runtime mix": """
+        if r < 0.2:
+            s2 = acc.Stream()
+        elif r < 0.4:
+            s2.record_event().synchronize()
+        elif r < 0.55:
+            buf = acc.empty(4096, stream=s2)
+            acc.copy_(buf, bytes(4096), stream=s2)
+            buf.free()
+        elif r < 0.7:
+            acc.synchronize()
+        elif r < 0.85:
+            acc.memory_stats()
+            acc.host_memory_stats()
+        else:
+            acc.reset_peak_memory_stats()
+""",
     "device allocator mix": """
         if r < 0.5 and len(dev) < 16:
             dev.append(acc.empty(rng.choice((512, 1 << 20, 30 << 20)), stream=s2))
