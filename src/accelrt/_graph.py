@@ -13,6 +13,8 @@ replay while the graph lives.
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 import weakref
 from types import TracebackType
 from typing import Any
@@ -89,6 +91,7 @@ class Graph:
         "_capture",
         "_capture_stream",
         "_capturing",
+        "_debug",
         "_exec",
         "_graph",
         "_holds_pool",
@@ -109,6 +112,7 @@ class Graph:
         self._exec: Any = None
         self._capturing = False
         self._holds_pool = False  # a capture counts in the pool's use_count until reset
+        self._debug = False  # enable_debug_mode: keep the captured graph for debug_dump
         if not isinstance(keep_graph, bool):
             raise TypeError(f"keep_graph must be a bool, got {keep_graph!r}")
         if capture_error_mode not in CAPTURE_ERROR_MODES:
@@ -246,8 +250,45 @@ class Graph:
             try:
                 self.instantiate()
             finally:
-                graph, self._graph = self._graph, None
-                self._capture.graph_destroy(self._device_index(), graph)
+                if not self._debug:  # debug mode keeps it for debug_dump
+                    graph, self._graph = self._graph, None
+                    self._capture.graph_destroy(self._device_index(), graph)
+
+    def enable_debug_mode(self) -> None:
+        """Keep the captured graph after ``capture_end`` so that :meth:`debug_dump` can write
+        it. Call it before capturing.
+
+        Mirrors ``torch.accelerator.Graph.enable_debug_mode``.
+        """
+        self._debug = True
+
+    def debug_dump(self, path: str | os.PathLike[str]) -> None:
+        """Write the captured graph to ``path`` in the driver's debug format (Graphviz DOT
+        on CUDA, ``cuGraphDebugDotPrint`` with its verbose flags).
+
+        Does nothing but warn (``RuntimeWarning``) unless :meth:`enable_debug_mode` was called
+        before the capture, as PyTorch does.
+
+        Raises
+        ------
+        RuntimeError
+            In debug mode, if nothing has been captured (or the graph was reset).
+        AcceleratorError
+            If the driver cannot write the file.
+
+        Mirrors ``torch.accelerator.Graph.debug_dump``.
+        """
+        if not self._debug:
+            warnings.warn(
+                "graph debug mode is not enabled: call graph.enable_debug_mode() before "
+                "capturing, then debug_dump()",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        if self._graph is None:
+            raise RuntimeError("there is no captured graph to dump: capture the graph first")
+        self._capture.graph_debug_dump(self._device_index(), self._graph, os.fspath(path))
 
     def _device_index(self) -> int:
         return self._index if self._index is not None else 0

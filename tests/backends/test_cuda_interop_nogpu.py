@@ -15,6 +15,7 @@ import sys
 import types
 from collections import namedtuple
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ class GraphDriver(FakeDriver):
     """The fake driver plus stream capture and graphs (each a numbered handle)."""
 
     CUstreamCaptureMode = _Names()
+
+    class CUgraphDebugDot_flags:
+        CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE = 1
 
     def __init__(self, devices: int = 1) -> None:
         super().__init__(devices=devices)
@@ -77,6 +81,13 @@ class GraphDriver(FakeDriver):
     @_recorded
     def cuGraphExecDestroy(self, executable: int) -> tuple[int]:
         del self.execs[executable]
+        return (SUCCESS,)
+
+    @_recorded
+    def cuGraphDebugDotPrint(self, graph: int, path: bytes, flags: int) -> tuple[int]:
+        assert graph in self.graphs and isinstance(path, bytes) and flags == 1
+        with open(path, "w") as out:
+            out.write(f"digraph g{graph:x} {{}}\n")
         return (SUCCESS,)
 
 
@@ -579,6 +590,28 @@ def test_graph_capture_and_replay(gpu: GraphDriver) -> None:
     gc.collect()
     assert not gpu.execs and not gpu.graphs
     del out
+
+
+def test_debug_mode_keeps_the_graph_for_debug_dump(gpu: GraphDriver, tmp_path: Path) -> None:
+    # torch.accelerator.Graph's enable_debug_mode and debug_dump (issue 25)
+    plain = acc.Graph()
+    with acc.Stream(), plain:
+        pass
+    with pytest.warns(RuntimeWarning, match=r"call graph.enable_debug_mode\(\) before"):
+        plain.debug_dump(tmp_path / "none.dot")
+    assert not (tmp_path / "none.dot").exists()
+    graph = acc.Graph()
+    graph.enable_debug_mode()
+    with pytest.raises(RuntimeError, match="no captured graph to dump"):
+        graph.debug_dump(tmp_path / "early.dot")
+    with acc.Stream(), graph:
+        pass
+    (executable,) = [e for e, g in gpu.execs.items() if g in gpu.graphs]  # kept, instantiated
+    dot = tmp_path / "graph.dot"
+    graph.debug_dump(dot)
+    assert dot.read_text() == f"digraph g{gpu.execs[executable]:x} {{}}\n"
+    graph.replay()
+    assert gpu.launches[-1][0] == executable
 
 
 def test_allocations_outside_capture_use_the_default_pool(gpu: GraphDriver) -> None:

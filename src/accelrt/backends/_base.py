@@ -237,6 +237,10 @@ class GraphCapture(Protocol):
     def graph_exec_destroy(self, index: int, executable: Any) -> None:
         """Release an executable graph from ``graph_instantiate``."""
 
+    def graph_debug_dump(self, index: int, graph: Any, path: str) -> None:
+        """Write a graph from ``graph_capture_end`` to the file ``path`` in the driver's
+        debug format."""
+
 
 @runtime_checkable
 class StreamOps(Protocol):

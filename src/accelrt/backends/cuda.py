@@ -46,6 +46,7 @@ are tested without a GPU (``tests/backends/test_cuda_nogpu.py``).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import uuid
 from collections import deque
@@ -1020,6 +1021,12 @@ class CUDABackend:
         """``cuGraphExecDestroy``. Raises ``CUDAError``."""
         self._call("cuGraphExecDestroy", index, executable)
 
+    def graph_debug_dump(self, index: int, graph: Any, path: str) -> None:
+        """``cuGraphDebugDotPrint(graph, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE)``: the graph
+        as Graphviz DOT. Raises ``CUDAError``."""
+        flags = int(self.driver.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE)
+        self._call("cuGraphDebugDotPrint", index, graph, os.fsencode(path), flags)
+
     def host_view(self, index: int, ptr: int, nbytes: int) -> memoryview | None:
         """None: device memory is not host-accessible (``Buffer.numpy()`` copies instead)."""
         return None
@@ -1077,7 +1084,7 @@ for _name in (
     "vm_map", "vm_unmap", "stream_create", "stream_priority_range", "stream_destroy",
     "stream_query", "stream_synchronize", "stream_wait_event", "event_create", "memcpy_async",
     "memset_async", "graph_capture_begin", "graph_capture_end", "graph_instantiate",
-    "graph_launch", "graph_destroy", "graph_exec_destroy",
+    "graph_launch", "graph_destroy", "graph_exec_destroy", "graph_debug_dump",
 ):  # fmt: skip
     setattr(CUDABackend, _name, _in_context(getattr(CUDABackend, _name)))
 del _name
