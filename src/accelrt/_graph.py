@@ -216,7 +216,7 @@ class Graph:
         self._index = index
         self._capture_stream = stream
         self._allocator = allocator
-        CAPTURING.add(_capture_key(stream))
+        CAPTURING.add(stream)
         if not self._holds_pool:
             self._holds_pool = True
             self._mem_pool._users += 1
@@ -244,7 +244,7 @@ class Graph:
         try:
             self._graph = self._capture.graph_capture_end(stream.device_index, stream.handle)
         finally:
-            CAPTURING.discard(_capture_key(stream))
+            CAPTURING.discard(stream)
             allocator.end_allocate_to_pool(self._mem_pool.id)
         if not self.keep_graph:
             try:
@@ -400,7 +400,3 @@ class Graph:
             else "empty"
         )
         return f"Graph({state}, backend={self._backend.name!r}, pool={self._mem_pool.id})"
-
-
-def _capture_key(stream: Stream) -> tuple[str, int, int]:
-    return (stream.device_type, stream.device_index, stream.handle)

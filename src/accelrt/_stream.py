@@ -57,8 +57,9 @@ else:
     _StreamBase = _native.StreamCore
 
 
-CAPTURING: set[tuple[str, int, int]] = set()
-"""The streams an ``accelrt.Graph`` captures on now: (backend name, device index, handle)."""
+CAPTURING: set[Stream] = set()
+"""The streams an ``accelrt.Graph`` captures on now (streams compare by backend, device and
+handle, so any ``Stream`` of the same handle is found)."""
 
 
 class Stream(_StreamBase):
@@ -230,7 +231,7 @@ class Stream(_StreamBase):
         """True while an ``accelrt.Graph`` captures the work submitted to this stream.
 
         Mirrors ``torch.Stream.is_capturing``."""
-        return (self._backend.name, self._index, self._handle) in CAPTURING
+        return self in CAPTURING
 
     @property
     def __cuda_stream__(self) -> Callable[[], tuple[int, int]]:

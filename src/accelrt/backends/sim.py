@@ -366,7 +366,7 @@ class SimBackend:
         ptr = self._next_planned(dev, dev.planned.get(nbytes), nbytes) if dev.planned else None
         if ptr is None:
             ptr = dev.bump(nbytes)
-        elif dev.released:
+        else:  # a planned address may lie in a range given back by vm_release
             dev.claim(ptr, nbytes)
         dev.held += nbytes
         bisect.insort(dev.bases, ptr)

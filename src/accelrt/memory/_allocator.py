@@ -1146,13 +1146,17 @@ class CachingAllocator:
             previous = None if clear_history else self._observer
             self._observer = History(enabled, context, max_entries, skip_actions, previous)
 
-    def snapshot(self, pool_id: PoolId | None = None) -> tuple[list[SegmentInfo], list[TraceEntry]]:
+    def snapshot(
+        self, pool_id: PoolId | None = None, include_traces: bool = True
+    ) -> tuple[list[SegmentInfo], list[TraceEntry]]:
         """Return the segments (with blocks) and the history entries, in PyTorch's schema.
 
         Parameters
         ----------
         pool_id : tuple of (int, int), optional
             Only the segments of this pool ((0, 0): the default pools); all when None.
+        include_traces : bool
+            False: no history entries (an empty list), without converting the history.
 
         Notes
         -----
@@ -1166,8 +1170,8 @@ class CachingAllocator:
                     continue
                 for run in _mapped_runs(blocks):
                     segments.append(self._segment_info(segment, run))
-            entries = self._observer.to_entries() if self._observer is not None else []
-            return segments, entries
+            observer = self._observer if include_traces else None
+            return segments, observer.to_entries() if observer is not None else []
 
     def _segment_info(self, segment: AnySegment, blocks: list[Block]) -> SegmentInfo:
         """One snapshot segment of ``blocks`` (mapped, in address order), in one pass."""

@@ -97,7 +97,7 @@ class MemPool:
         """
         if self._allocator is None:
             return []
-        return self._allocator.snapshot(self.id)[0]
+        return self._allocator.snapshot(self.id, include_traces=False)[0]
 
     def memory_reserved(self) -> int:
         """Return the bytes the pool holds from the device (segments and mapped pages)."""

@@ -142,9 +142,9 @@ def memory_snapshot(mempool_id: PoolId | None = None, include_traces: bool = Tru
         if allocator is None:
             traces.append([])
             continue
-        device_segments, entries = allocator.snapshot(mempool_id)
+        device_segments, entries = allocator.snapshot(mempool_id, include_traces)
         segments.extend(device_segments)
-        traces.append(entries if include_traces else [])
+        traces.append(entries)
     return Snapshot(
         segments=segments,
         device_traces=traces,
