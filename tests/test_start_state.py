@@ -265,3 +265,84 @@ def test_sweep_takes_the_start_too(tmp_path: Path) -> None:
     assert k.report.peak_reserved_bytes == expected.peak_reserved_bytes
     with pytest.raises(ValueError, match="start must be 'modelled' or 'recorded', got 'x'"):
         sweep(path, start="x", **kw)
+
+
+def _run_program(program: list[tuple[str, ...]], config: str, path: Path | None = None) -> int:
+    """Run ``program`` through a fresh allocator on ``sim`` under ``config``; return its peak
+    reserved bytes. Steps: ``("alloc", name, bytes)``, ``("free", name)``, ``("record",)``
+    (history from here on). With ``path``, the run's snapshot is written there, as
+    ``dump_snapshot`` writes one."""
+    import pickle
+
+    from accelrt.backends.sim import SimBackend
+    from accelrt.memory._core import CachingAllocator
+
+    settings = AllocatorConfig.coerce(config)
+    allocator = CachingAllocator(SimBackend(device_count=1), 0, settings)
+    live = {}
+    for step in program:
+        if step[0] == "alloc":
+            live[step[1]] = allocator.malloc(int(step[2]), 0)
+        elif step[0] == "free":
+            allocator.free(live.pop(step[1]))
+        else:
+            allocator.record_history("all", None, 1 << 20)
+    peak = allocator.memory_stats()["reserved_bytes.all.peak"]
+    if path is not None:
+        segments, entries = allocator.snapshot()
+        snapshot = {
+            "segments": segments,
+            "device_traces": [entries],
+            "allocator_settings": settings.to_torch_settings(),
+        }
+        path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    return peak
+
+
+_WINDOW = [("record",), ("alloc", "w", MiB), ("free", "w")]
+_TWINS = {  # setting: (first prefix, second prefix, their peaks reserved under the setting)
+    # under the defaults both leave a cached 100 MiB and a cached 200 MiB segment; expandable
+    # segments map both at once in the first, but grow one range from 100 to 200 in the second
+    "expandable_segments:True": (
+        [("alloc", "a", 100 * MiB), ("alloc", "b", 200 * MiB), ("free", "a"), ("free", "b")],
+        [("alloc", "a", 100 * MiB), ("free", "a"), ("alloc", "b", 200 * MiB), ("free", "b")],
+        (302 * MiB, 202 * MiB),  # the window's 1 MiB takes a 2 MiB small segment
+    ),
+    # under the defaults both leave one cached 100 MiB segment; with a 64 MiB split limit the
+    # 40 MiB requests of the second cannot use the oversize segment and get segments of their own
+    "max_split_size_mb:64": (
+        [("alloc", "a", 100 * MiB), ("free", "a")],
+        [
+            ("alloc", "a", 100 * MiB),
+            ("free", "a"),
+            ("alloc", "b", 40 * MiB),
+            ("alloc", "c", 40 * MiB),
+            ("free", "b"),
+            ("free", "c"),
+        ],
+        (102 * MiB, 182 * MiB),
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(_TWINS))
+def test_one_recording_can_come_from_runs_that_differ_under_another_setting(
+    tmp_path: Path, setting: str
+) -> None:
+    """Why a mid-run what-if cannot be exact (docs/snapshot-replay.md, "What a recording cannot
+    tell"): two programs whose unrecorded parts differ leave byte-identical recordings under the
+    defaults, yet need different memory under ``setting``. Any answer computed from the
+    recording is the same for both, so it is wrong for at least one."""
+    *prefixes, peaks = _TWINS[setting]
+    first, second = (prefix + _WINDOW for prefix in prefixes)
+    for program, name in ((first, "first"), (second, "second")):
+        _run_program(program, "", tmp_path / f"{name}.pickle")
+    a, b = load(tmp_path / "first.pickle"), load(tmp_path / "second.pickle")
+    assert a.recording is not None and b.recording is not None
+    assert a.recording.start_segments == b.recording.start_segments
+    assert a.recording.start_segments  # started mid-run, with cached segments
+    assert a.events == b.events
+    estimate = replay(a, config=setting)
+    assert replay(b, config=setting).peak_reserved_bytes == estimate.peak_reserved_bytes
+    # the recording cannot tell which of the two it was: one answer, two truths far apart
+    assert (_run_program(first, setting), _run_program(second, setting)) == peaks
