@@ -89,6 +89,8 @@ def test_random_mid_run_recordings_replay_exactly(tmp_path: Path, settings: str)
             if roll < 0.5 or not live:
                 size = rng.choice([rng.randint(1, 1 << 20), rng.randint(1 << 20, 80 * MiB)])
                 live.append(acc.empty(size, stream=rng.choice(streams)))
+            elif roll < 0.6:  # used on the other stream too: its free completes later
+                acc.record_stream(live[rng.randrange(len(live))], rng.choice(streams))
             elif roll < 0.97:
                 live.pop(rng.randrange(len(live))).free()
             else:
@@ -249,3 +251,22 @@ def test_capacity_too_small_for_the_start_state_is_a_clear_error(tmp_path: Path)
     _record_mid_run(path)
     with pytest.raises(ValueError, match=r"the recording began with \d+ bytes reserved, more"):
         replay(load(path), capacity="16MiB")
+
+
+def test_frees_that_complete_later_are_rewound_where_they_completed() -> None:
+    """A block used on another stream (record_stream) goes back to its pool at free_completed,
+    not at free_requested: one requested before the recording began and one still pending at
+    its end (tests/data/make_streams_midrun.py) leave the start state exact."""
+    path = Path(__file__).parent / "data" / "streams_midrun.pickle"
+    snapshot = pickle.loads(path.read_bytes())
+    actions = [e["action"] for e in snapshot["device_traces"][0]]
+    assert actions.count("free_completed") > actions.count("free_requested")  # one from before
+    assert any(
+        b["state"] == "active_pending_free" for s in snapshot["segments"] for b in s["blocks"]
+    )
+    trace = load(path)
+    assert trace.recording is not None and trace.recording.inconsistent_events == 0
+    report = replay(trace)
+    assert report.peak_reserved_bytes == report.recorded_peak_reserved_bytes == 1_293_942_784
+    assert report.num_device_alloc == report.recorded_num_device_alloc == 18
+    assert report.notes == []

@@ -553,11 +553,16 @@ def trace_from_snapshot(
     expandable = [s for s in end_segments if s.get("is_expandable")]
     for address, size, stream, is_small, blocks in _expandable_groups(expandable, entries):
         rewind.add_segment(address, size, stream, blocks, is_small, is_expandable=True)
+    # A block goes back to its pool at free_completed, which comes after free_requested when
+    # the block was used on other streams (record_stream) and stays pending until their work
+    # ends, even past the snapshot. Where completions were recorded they place the frees;
+    # otherwise (skip_actions, an older PyTorch) the requests do.
+    pool_free = "free_completed" if _records_completions(entries) else "free_requested"
     for entry in reversed(entries):
         action = entry["action"]
         if action == "alloc":
             rewind.undo_alloc(entry["addr"])
-        elif action == "free_requested":
+        elif action == pool_free:
             rewind.undo_free(entry["addr"], entry["size"])
         elif action == "segment_alloc":
             rewind.undo_segment_alloc(entry["addr"], entry["size"])
@@ -586,9 +591,10 @@ def trace_from_snapshot(
             live_bytes += entry["size"]
             peak_live = max(peak_live, live_bytes)
             release_run = None
-        elif action == "free_requested":
-            events.append((OP_FREE, entry["addr"], entry["size"], entry.get("stream", 0)))
-            live_bytes -= live.pop(entry["addr"], 0)
+        elif action in ("free_requested", "free_completed"):
+            if action == pool_free:  # the replay frees where the pool took the block back
+                events.append((OP_FREE, entry["addr"], entry["size"], entry.get("stream", 0)))
+            live_bytes -= live.pop(entry["addr"], 0)  # (0 at a completion: freed already)
             release_run = None
         elif action in ("segment_alloc", "segment_map"):
             n_alloc += 1
@@ -640,6 +646,11 @@ def trace_from_snapshot(
         live_at_end_bytes=live_bytes,
         recording=recording,
     )
+
+
+def _records_completions(entries: list[dict[str, Any]]) -> bool:
+    """Whether a device's history records ``free_completed`` entries (it may skip them)."""
+    return any(entry["action"] == "free_completed" for entry in entries)
 
 
 def _event_columns(rows: list[tuple[int, int, int, int]]) -> TraceEvents:
