@@ -553,16 +553,13 @@ def trace_from_snapshot(
     expandable = [s for s in end_segments if s.get("is_expandable")]
     for address, size, stream, is_small, blocks in _expandable_groups(expandable, entries):
         rewind.add_segment(address, size, stream, blocks, is_small, is_expandable=True)
-    # A block goes back to its pool at free_completed, which comes after free_requested when
-    # the block was used on other streams (record_stream) and stays pending until their work
-    # ends, even past the snapshot. Where completions were recorded they place the frees;
-    # otherwise (skip_actions, an older PyTorch) the requests do.
-    pool_free = "free_completed" if _records_completions(entries) else "free_requested"
-    for entry in reversed(entries):
+    returns = _pool_returns(entries, end_segments)
+    for i in range(len(entries) - 1, -1, -1):
+        entry = entries[i]
         action = entry["action"]
         if action == "alloc":
             rewind.undo_alloc(entry["addr"])
-        elif action == pool_free:
+        elif i in returns:
             rewind.undo_free(entry["addr"], entry["size"])
         elif action == "segment_alloc":
             rewind.undo_segment_alloc(entry["addr"], entry["size"])
@@ -583,7 +580,7 @@ def trace_from_snapshot(
     n_alloc = n_free = n_oom = 0
     previous = ""
     release_run: int | None = None  # events index of the latest release run's empty_cache
-    for entry in entries:
+    for i, entry in enumerate(entries):
         action = entry["action"]
         if action == "alloc":
             events.append((OP_ALLOC, entry["addr"], entry["size"], entry.get("stream", 0)))
@@ -592,7 +589,7 @@ def trace_from_snapshot(
             peak_live = max(peak_live, live_bytes)
             release_run = None
         elif action in ("free_requested", "free_completed"):
-            if action == pool_free:  # the replay frees where the pool took the block back
+            if i in returns:  # the replay frees where the pool took the block back
                 events.append((OP_FREE, entry["addr"], entry["size"], entry.get("stream", 0)))
             live_bytes -= live.pop(entry["addr"], 0)  # (0 at a completion: freed already)
             release_run = None
@@ -648,9 +645,35 @@ def trace_from_snapshot(
     )
 
 
-def _records_completions(entries: list[dict[str, Any]]) -> bool:
-    """Whether a device's history records ``free_completed`` entries (it may skip them)."""
-    return any(entry["action"] == "free_completed" for entry in entries)
+def _pool_returns(entries: list[dict[str, Any]], end_segments: list[dict[str, Any]]) -> set[int]:
+    """The indices of the entries where a block went back to its pool.
+
+    A block goes back at its ``free_completed``, which comes after its ``free_requested`` when
+    the block was used on other streams (``record_stream``) and stayed pending until their work
+    ended. So every ``free_completed`` returns a block (one whose request came before the
+    recording began included), and a ``free_requested`` does only when no completion of it was
+    recorded (``skip_actions``, an older PyTorch), unless the block is still pending in the end
+    state.
+    """
+    returns: set[int] = set()
+    requested: dict[int, int] = {}  # address -> its free_requested awaiting a completion
+    for i, entry in enumerate(entries):
+        action = entry["action"]
+        if action == "free_requested":
+            requested[entry["addr"]] = i
+        elif action == "free_completed":
+            requested.pop(entry["addr"], None)
+            returns.add(i)
+        elif action == "alloc" and entry["addr"] in requested:  # reused: it was returned
+            returns.add(requested.pop(entry["addr"]))
+    pending = {
+        b["address"]
+        for seg in end_segments
+        for b in seg["blocks"]
+        if b["state"] == "active_pending_free"
+    }
+    returns.update(i for addr, i in requested.items() if addr not in pending)
+    return returns
 
 
 def _event_columns(rows: list[tuple[int, int, int, int]]) -> TraceEvents:
