@@ -253,11 +253,16 @@ def test_capacity_too_small_for_the_start_state_is_a_clear_error(tmp_path: Path)
         replay(load(path), capacity="16MiB")
 
 
-def test_frees_that_complete_later_are_rewound_where_they_completed() -> None:
-    """A block used on another stream (record_stream) goes back to its pool at free_completed,
-    not at free_requested: one requested before the recording began and one still pending at
-    its end (tests/data/make_streams_midrun.py) leave the start state exact."""
-    path = Path(__file__).parent / "data" / "streams_midrun.pickle"
+@pytest.mark.parametrize(
+    ("name", "peak", "mallocs"),
+    [("streams_midrun", 1_293_942_784, 18), ("streams_expandable", 1_033_895_936, 20)],
+)
+def test_committed_stream_recordings_replay_exactly(name: str, peak: int, mallocs: int) -> None:
+    """tests/data/make_streams_midrun.py: blocks used on other streams go back to their pool
+    at free_completed (one requested before the recording began, one still pending at its
+    end), and under expandable segments an empty_cache releases whole address ranges that
+    other (stream, pool) pairs reserve again; the rewound start is exact either way."""
+    path = Path(__file__).parent / "data" / f"{name}.pickle"
     snapshot = pickle.loads(path.read_bytes())
     actions = [e["action"] for e in snapshot["device_traces"][0]]
     assert actions.count("free_completed") > actions.count("free_requested")  # one from before
@@ -267,6 +272,41 @@ def test_frees_that_complete_later_are_rewound_where_they_completed() -> None:
     trace = load(path)
     assert trace.recording is not None and trace.recording.inconsistent_events == 0
     report = replay(trace)
-    assert report.peak_reserved_bytes == report.recorded_peak_reserved_bytes == 1_293_942_784
-    assert report.num_device_alloc == report.recorded_num_device_alloc == 18
+    assert report.peak_reserved_bytes == report.recorded_peak_reserved_bytes == peak
+    assert report.num_device_alloc == report.recorded_num_device_alloc == mallocs
     assert report.notes == []
+
+
+@pytest.mark.parametrize("name", ["streams_midrun.pickle", "streams_expandable.pickle"])
+def test_the_rewound_start_is_the_state_recording_began_with(tmp_path: Path, name: str) -> None:
+    """The recordings of tests/data made again: the start state rewound from each snapshot is,
+    segment by segment and block by block, what the allocator held when history began. Under
+    expandable segments the window's empty_cache released ranges that other (stream, pool)
+    pairs reserved again; each range goes back to the pair that held it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    try:
+        import make_streams_midrun as maker
+    finally:
+        sys.path.pop(0)
+    truth = maker.record(tmp_path / name, maker.RECORDINGS[name])
+    trace = load(tmp_path / name)
+    assert trace.recording is not None and trace.recording.inconsistent_events == 0
+
+    def mapped(blocks: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        return [b for b in blocks if b[2] >= 0]  # (the rewind adds unmapped stretches)
+
+    expected = sorted(
+        (s["address"], s["stream"], s["segment_type"] == "small",
+         [(b["address"], b["size"], b["requested_size"] if b["state"] != "inactive" else 0)
+          for b in s["blocks"]])
+        for s in truth
+    )  # fmt: skip
+    rewound = sorted(
+        (s.address, s.stream, s.is_small,
+         mapped([(b.address, b.size, b.requested_size) for b in s.blocks]))
+        for s in trace.recording.start_segments
+    )  # fmt: skip
+    assert [row[:3] for row in rewound] == [row[:3] for row in expected]
+    assert [row[3] for row in rewound] == [row[3] for row in expected]

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT.parent / "shared" / "traces"
 OWN_TRACES = [  # committed: the differential test runs on a fresh clone too
     ROOT / "tests" / "data" / "streams_midrun.pickle",
+    ROOT / "tests" / "data" / "streams_expandable.pickle",
     ROOT / "examples" / "traces" / "transformer_train.jsonl.gz",
 ]
 TRACE_FILES = (

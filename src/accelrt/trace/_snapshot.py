@@ -148,9 +148,11 @@ class _Rewind:
 
     Each segment is ``[size, stream, sorted block starts, {start: [size, state]}, is_small,
     is_expandable]`` where state is the requested bytes (allocated), 0 (free) or ``UNMAPPED``.
-    All of an expandable segment's mapped ranges of one (stream, pool) form one segment here.
-    Segments never overlap, and their blocks always tile them: what would break that is
-    counted in ``inconsistent`` instead.
+    All of an expandable segment's mapped ranges of one (stream, pool) form one segment here (a
+    span); going back in time a span widens to the pages unmapped during the recording, and
+    one reserved at addresses another (stream, pool) used before it was released is dropped
+    once nothing of it is mapped. Segments never overlap, and their blocks always tile them:
+    what would break that is counted in ``inconsistent`` instead.
     """
 
     def __init__(self, settings: AllocatorConfig) -> None:
@@ -158,6 +160,8 @@ class _Rewind:
         self.segments: dict[int, list[Any]] = {}
         self.starts: list[int] = []
         self.inconsistent = 0
+        self.claims: list[tuple[int, int, int, bool]] = []
+        """``(low, high, stream, is_small)`` of every expandable range the recording shows."""
 
     def add_segment(
         self,
@@ -281,13 +285,109 @@ class _Rewind:
             return
         self._merge_around(seg, addr)
 
-    def undo_segment_unmap(self, addr: int, size: int) -> None:
-        """Pages were unmapped here: before, they were mapped and free."""
-        seg = self._carve(addr, size, UNMAPPED, 0) if self._expandable_at(addr) else None
+    def undo_segment_unmap(self, addr: int, size: int, stream: int, is_small: bool) -> None:
+        """Pages were unmapped here: before, they were mapped and free (in the span of
+        ``(stream, is_small)`` that held them then, :meth:`_span_for`)."""
+        span = self._span_for(addr, addr + size, stream, is_small)
+        seg = self._carve(addr, size, UNMAPPED, 0) if span is not None else None
         if seg is None:
             self.inconsistent += 1
             return
         self._merge_around(seg, addr)
+
+    def _span_for(self, low: int, high: int, stream: int, is_small: bool) -> list[Any] | None:
+        """The span of ``(stream, is_small)`` that held ``[low, high)`` before it was unmapped.
+
+        The span holding ``low`` now if it is that (stream, pool)'s, widened up to ``high``;
+        else, when one holds ``low`` but nothing of it is mapped, it was reserved after this
+        point (its addresses reused): it is dropped. With none holding ``low``, the nearest span
+        of that (stream, pool) widens to the range when another (stream, pool) never held
+        anything of the range or between them; else the range starts a span of its own. None
+        where pages of another segment are in the way.
+        """
+        key = (stream, is_small)
+        pos = bisect_right(self.starts, low) - 1
+        if pos >= 0 and low < self._end(self.starts[pos]):
+            start = self.starts[pos]
+            seg = self.segments[start]
+            if seg[5] and (seg[1], seg[4]) == key:
+                return self._widen(start, low, high)
+            if not seg[5] or any(seg[3][b][1] != UNMAPPED for b in seg[2]):
+                return None
+            del self.segments[start]  # reserved later, at addresses this range had before
+            self.starts.pop(pos)
+            pos -= 1
+        above = pos + 1  # the spans either side of the range, nearest first
+        neighbours = (*self.starts[above : above + 1], *self.starts[max(pos, 0) : pos + 1])
+        if self._claimed(low, high, key):  # addresses reused: a reservation of their own
+            neighbours = ()
+        for start in neighbours:
+            seg = self.segments[start]
+            if seg[5] and (seg[1], seg[4]) == key:
+                widened = self._widen(start, low, high)
+                if widened is not None:
+                    return widened
+        if self._blocked(low, high, None):
+            return None
+        insort(self.starts, low)
+        self.segments[low] = [
+            high - low,
+            stream,
+            [low],
+            {low: [high - low, UNMAPPED]},
+            is_small,
+            True,
+        ]
+        return self.segments[low]
+
+    def _blocked(self, low: int, high: int, own: int | None) -> bool:
+        """Whether a segment other than the one at ``own`` lies in ``[low, high)``."""
+        i = bisect_right(self.starts, low) - 1
+        for start in self.starts[max(i, 0) :]:
+            if start >= high:
+                break
+            if start != own and self._end(start) > low:
+                return True
+        return False
+
+    def _claimed(self, low: int, high: int, key: tuple[int, bool]) -> bool:
+        """Whether another (stream, pool) ever held an expandable range in ``[low, high)``."""
+        return any(lo < high and low < hi and (s, small) != key for lo, hi, s, small in self.claims)
+
+    def _widen(self, start: int, low: int, high: int) -> list[Any] | None:
+        """Widen the span at ``start`` with unmapped pages to cover ``[low, high)``; None where
+        something else lies in between (the span is then unchanged)."""
+        seg = self.segments[start]
+        size, stream, starts, table = seg[0], seg[1], seg[2], seg[3]
+        new_low, new_high = min(low, start), max(high, start + size)
+        if (new_low, new_high) == (start, start + size):
+            return seg
+        gap_low, gap_high = (high, start) if high <= start else (start + size, low)
+        if self._blocked(new_low, new_high, start) or self._claimed(
+            gap_low, gap_high, (stream, seg[4])
+        ):
+            return None
+        if new_low < start:
+            first = starts[0]
+            if table[first][1] == UNMAPPED:
+                table[new_low] = [table.pop(first)[0] + start - new_low, UNMAPPED]
+                starts[0] = new_low
+            else:
+                table[new_low] = [start - new_low, UNMAPPED]
+                starts.insert(0, new_low)
+            del self.segments[start]
+            self.starts.remove(start)
+            self.segments[new_low] = seg
+            insort(self.starts, new_low)
+        if new_high > start + size:
+            last = starts[-1]
+            if table[last][1] == UNMAPPED:
+                table[last][0] += new_high - (start + size)
+            else:
+                table[start + size] = [new_high - (start + size), UNMAPPED]
+                starts.append(start + size)
+        seg[0] = new_high - new_low
+        return seg
 
     def state(self) -> tuple[SegmentState, ...]:
         out = []
@@ -329,50 +429,45 @@ def _restorable(segment: SegmentState) -> bool:
 
 
 def _expandable_groups(
-    end_segments: list[dict[str, Any]], entries: list[dict[str, Any]]
+    end_segments: list[dict[str, Any]],
 ) -> list[tuple[int, int, int, bool, list[BlockState]]]:
     """Join the mapped ranges of each (stream, pool) into one span of an expandable segment.
 
     Returns ``(address, size, stream, is_small, blocks)`` per span: the span runs from the
-    lowest to the highest address the end state or a ``segment_map``/``segment_unmap`` entry
-    shows for it, and the stretches between mapped ranges are unmapped blocks.
+    lowest to the highest address the end state shows for it, and the stretches between
+    mapped ranges are unmapped blocks. (The rewind widens it to pages unmapped during the
+    recording: ``_Rewind.undo_segment_unmap``.)
     """
-    if not end_segments:  # (no span for a map or unmap entry to widen)
-        return []
     groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
     for seg in end_segments:
         key = (seg.get("stream", 0), seg.get("segment_type") == "small")
         groups.setdefault(key, []).append(seg)
-    spans = []
-    for (stream, is_small), ranges in groups.items():
-        ranges.sort(key=lambda r: r["address"])
-        low = ranges[0]["address"]
-        high = ranges[-1]["address"] + ranges[-1]["total_size"]
-        spans.append([low, high, stream, is_small, ranges])
-    spans.sort(key=lambda s: s[:4])
-    for entry in entries:  # pages touched during the recording belong to the span above them
-        if entry["action"] not in ("segment_map", "segment_unmap"):
-            continue
-        addr, end = entry["addr"], entry["addr"] + entry["size"]
-        same_stream = [s for s in spans if s[2] == entry.get("stream", 0)]
-        target = next((s for s in same_stream if addr < s[1]), None)
-        if target is None and same_stream:
-            target = same_stream[-1]
-        if target is not None:
-            target[0], target[1] = min(target[0], addr), max(target[1], end)
     out = []
-    for low, high, stream, is_small, ranges in spans:
+    for (stream, is_small), ranges in sorted(groups.items()):
+        ranges.sort(key=lambda r: r["address"])
+        low = cursor = ranges[0]["address"]
         blocks: list[BlockState] = []
-        cursor = low
         for seg in ranges:
             if seg["address"] > cursor:
                 blocks.append(BlockState(cursor, seg["address"] - cursor, UNMAPPED))
             blocks.extend(_blocks_of(seg))
             cursor = seg["address"] + seg["total_size"]
-        if high > cursor:
-            blocks.append(BlockState(cursor, high - cursor, UNMAPPED))
-        out.append((low, high - low, stream, is_small, blocks))
+        out.append((low, cursor - low, stream, is_small, blocks))
     return out
+
+
+def _range_pools(entries: list[dict[str, Any]], large_page: int) -> dict[int, bool]:
+    """Whether each ``segment_map``/``segment_unmap`` entry (by index) is of the small pool.
+
+    A history entry does not name its pool; the large pool maps whole large pages, so a size
+    that is not a whole number of them is the small pool's. (A run of small pages that makes
+    whole large pages reads as the large pool's.)
+    """
+    return {
+        i: entry["size"] % large_page != 0
+        for i, entry in enumerate(entries)
+        if entry["action"] in ("segment_map", "segment_unmap")
+    }
 
 
 def _blocks_of(segment: dict[str, Any]) -> list[BlockState]:
@@ -550,9 +645,15 @@ def trace_from_snapshot(
                 _blocks_of(seg),
                 seg["total_size"] == K_SMALL_BUFFER,
             )
-    expandable = [s for s in end_segments if s.get("is_expandable")]
-    for address, size, stream, is_small, blocks in _expandable_groups(expandable, entries):
+    spans = _expandable_groups([s for s in end_segments if s.get("is_expandable")])
+    for address, size, stream, is_small, blocks in spans:
         rewind.add_segment(address, size, stream, blocks, is_small, is_expandable=True)
+        rewind.claims.append((address, address + size, stream, is_small))
+    pools = _range_pools(entries, page_size(False, settings.large_segment_size))
+    for i, is_small in pools.items():
+        entry = entries[i]
+        claim = (entry["addr"], entry["addr"] + entry["size"], entry.get("stream", 0), is_small)
+        rewind.claims.append(claim)
     returns = _pool_returns(entries, end_segments)
     for i in range(len(entries) - 1, -1, -1):
         entry = entries[i]
@@ -568,7 +669,8 @@ def trace_from_snapshot(
         elif action == "segment_map":
             rewind.undo_segment_map(entry["addr"], entry["size"])
         elif action == "segment_unmap":
-            rewind.undo_segment_unmap(entry["addr"], entry["size"])
+            stream = entry.get("stream", 0)
+            rewind.undo_segment_unmap(entry["addr"], entry["size"], stream, pools[i])
 
     capacity = None if totals.at_oom is None else reserved_start + totals.at_oom
     start, capacity, dropped = _start_state(rewind.state(), capacity, where)
