@@ -287,8 +287,9 @@ def test_a_sweep_row_that_hits_a_bug_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from accelrt import _sweep
+    from accelrt._sweep import _worker
 
-    monkeypatch.setattr(_sweep, "replay", _boom)
+    monkeypatch.setattr(_worker, "replay", _boom)
     (row,) = _sweep.sweep(str(EXAMPLE), "defaults", scheduler="synchronous")
     assert row.error == (
         f"{EXAMPLE}: internal error TypeError: boom (a bug in accelrt, not a problem with this "
