@@ -16,12 +16,14 @@ import pytest
 
 import accelrt as acc
 import test_snapshot_fuzz as fuzz
-from accelrt import __version__, _runtime, cli
+from accelrt import __version__, _info, _runtime, cli
 from accelrt._errors import InputError
 from accelrt._start_state import StartStateError
 from accelrt._sweep import parse_grid
 from accelrt._text import printable
 from accelrt.backends import _base, get_backend
+from accelrt.cli import _replay as cli_replay
+from accelrt.cli import _replay_tables as replay_tables
 from accelrt.cli import main
 from accelrt.trace import TraceFormatError, write
 from accelrt.trace._format import MAX_NAME_CHARS
@@ -49,7 +51,7 @@ def _boom(*args: object, **kwargs: object) -> Any:
 def test_an_internal_failure_is_a_bug_report(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "_replay_shown", _boom)
+    monkeypatch.setattr(cli_replay, "_replay_shown", _boom)
     assert main(["replay", str(EXAMPLE), "--device", "sim"]) == cli.EXIT_BUG == 70
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -68,7 +70,7 @@ def test_a_missing_package_is_one_line_and_a_missing_accelrt_module_a_bug(
     def missing_module(*args: object, **kwargs: object) -> Any:
         raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
 
-    monkeypatch.setattr(cli, "_replay_shown", missing_module)
+    monkeypatch.setattr(cli_replay, "_replay_shown", missing_module)
     assert main(["replay", str(EXAMPLE), "--device", "sim"]) == status
     err = capsys.readouterr().err
     if status == 2:
@@ -83,7 +85,7 @@ def test_a_bug_report_escapes_what_the_exception_quotes(
     def fails(*args: object, **kwargs: object) -> Any:
         raise KeyError(f"name{EVIL}")
 
-    monkeypatch.setattr(cli, "_replay_shown", fails)
+    monkeypatch.setattr(cli_replay, "_replay_shown", fails)
     assert main(["replay", str(EXAMPLE), "--device", "sim"]) == 70
     err = capsys.readouterr().err
     assert f"\nKeyError: 'name{SHOWN}'\n" in err  # repr escapes the ESC, printable the rest
@@ -93,7 +95,7 @@ def test_a_bug_report_escapes_what_the_exception_quotes(
 def test_a_bug_while_printing_is_a_bug_report(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "_short_setting", _boom)
+    monkeypatch.setattr(replay_tables, "_short_setting", _boom)
     assert main(["replay", str(EXAMPLE), "--device", "sim"]) == 70
     assert capsys.readouterr().err.endswith(
         "TypeError: boom\n" + BUG_LINE.format(version=__version__)
@@ -121,7 +123,7 @@ def test_a_bug_is_a_bug_report_with_debug_too(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ACCELRT_DEBUG", "1")
-    monkeypatch.setattr(cli, "_replay_shown", _boom)
+    monkeypatch.setattr(cli_replay, "_replay_shown", _boom)
     assert main(["replay", str(EXAMPLE), "--device", "sim"]) == 70
     err = capsys.readouterr().err
     assert err.count("Traceback (most recent call last):") == 1
@@ -287,8 +289,9 @@ def test_a_sweep_row_that_hits_a_bug_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from accelrt import _sweep
+    from accelrt._sweep import _worker
 
-    monkeypatch.setattr(_sweep, "replay", _boom)
+    monkeypatch.setattr(_worker, "replay", _boom)
     (row,) = _sweep.sweep(str(EXAMPLE), "defaults", scheduler="synchronous")
     assert row.error == (
         f"{EXAMPLE}: internal error TypeError: boom (a bug in accelrt, not a problem with this "
@@ -379,7 +382,7 @@ def test_a_recording_start_that_does_not_fit_escapes_the_trace_name(
         raise StartStateError("the start does not fit")
 
     snap = _evil_snapshot(tmp_path / f"run{EVIL}.pickle", small_recording)
-    monkeypatch.setattr(cli, "_replay_shown", cannot_hold)
+    monkeypatch.setattr(cli_replay, "_replay_shown", cannot_hold)
     assert main(["replay", str(snap), "--no-progress"]) == 2
     assert capsys.readouterr().err == f"error: run{SHOWN}: the start does not fit\n"
 
@@ -394,7 +397,7 @@ def test_info_escapes_what_the_drivers_report(
     data = {"accelerator": "x", "registered_backends": ["x", "y"], "available_backends": ["x"],
             "unavailable_backends": {"y": f"no driver{EVIL}"}, "devices": [device],
             "allocator_core": {"core": "compiled", "reason": "built"}}  # fmt: skip
-    monkeypatch.setattr(cli, "_info_data", lambda: data)
+    monkeypatch.setattr(_info, "info_data", lambda: data)
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert not RAW.search(out)

@@ -225,7 +225,7 @@ def test_replay_defaults_to_accelrt_alloc_conf(
 
 
 def test_short_setting_forms() -> None:
-    from accelrt.cli import _short_setting
+    from accelrt.cli._replay_tables import _short_setting
 
     full = "roundup_power2_divisions:[" + ",".join(
         f"{1 << i}:{1 if i <= 8 else min(8, 2 ** (i - 8))}" for i in range(16)

@@ -26,7 +26,7 @@ import pytest
 
 import accelrt as acc
 from accelrt import _sweep, cli
-from accelrt._sweep import GRANULARITY, SweepResults, parse_grid, sweep
+from accelrt._sweep import GRANULARITY, SweepResults, _schedule, parse_grid, sweep
 from accelrt.replay import replay
 from accelrt.trace import TraceEvent, load, write
 
@@ -534,7 +534,7 @@ def test_bad_input_is_refused_before_any_work(
     def no_work(*args: object) -> None:
         raise AssertionError("work started")
 
-    monkeypatch.setattr(_sweep, "_run_task", no_work)
+    monkeypatch.setattr(_schedule, "_run_task", no_work)
     monkeypatch.setattr(_sweep, "_connect", no_work)
     err = _fails_in_one_line(capsys, ["sweep", str(EXAMPLE), *argv])
     assert err.split(": error: ", 1)[1] == message
@@ -600,7 +600,7 @@ def test_interrupt_stops_the_workers(
     def interrupt(self: object, key: object, rows: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_sweep._Counter, "done", interrupt)
+    monkeypatch.setattr(_schedule._Counter, "done", interrupt)
     argv = ["sweep", traces["example"], traces["small"], "--workers", "2", "--no-progress"]
     assert cli.main(argv) == 130
     assert capsys.readouterr().err == "accelrt: interrupted\n"

@@ -23,9 +23,10 @@ import pytest
 
 import accelrt as acc
 from accelrt import _runtime
-from accelrt.backends import _base, cuda
+from accelrt.backends import _base
 from accelrt.backends._base import Backend, BackendOutOfMemory
 from accelrt.backends.cuda import CUDABackend, CUDAError, CUDAEvent
+from accelrt.backends.cuda import _driver as cuda_driver
 from accelrt.memory import AllocatorConfig, CachingAllocator
 
 MiB = 1 << 20
@@ -452,7 +453,7 @@ def test_without_cuda_bindings_the_reason_says_how_to_install(
     def missing() -> Any:
         raise ModuleNotFoundError("No module named 'cuda'")
 
-    monkeypatch.setattr(cuda, "_load_driver", missing)
+    monkeypatch.setattr(cuda_driver, "_load_driver", missing)
     backend = CUDABackend()
     assert backend.device_count() == 0
     assert "pip install 'accelrt[cuda]'" in (backend.unavailable_reason() or "")
@@ -464,7 +465,7 @@ def test_a_broken_cuda_bindings_means_zero_devices(monkeypatch: pytest.MonkeyPat
     def broken() -> Any:
         raise OSError("undefined symbol: cuGetProcAddress_v2")
 
-    monkeypatch.setattr(cuda, "_load_driver", broken)
+    monkeypatch.setattr(cuda_driver, "_load_driver", broken)
     backend = CUDABackend()
     assert backend.device_count() == 0
     assert "could not be imported: undefined symbol" in (backend.unavailable_reason() or "")

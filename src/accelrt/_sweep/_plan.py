@@ -1,0 +1,111 @@
+"""Planning, in the caller's process: the traces and capacities checked, the work as tasks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import InputError
+from .._units import parse_bytes
+from ..memory._config import Setting
+from ._text import _shown
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One unit of work: some settings of one trace, replayed by one worker."""
+
+    sweep_id: str
+    source: str
+    include_host: bool
+    device_index: int | None
+    candidates: tuple[Setting, ...]
+    recorded: bool | None  # add the recording's settings: yes, no, or if the trace has one
+    capacities: tuple[int | None, ...]
+    find_capacity: bool
+    env_capacity: int | None
+    planned: int
+    start: str = "modelled"
+
+
+def _check_traces(traces: Any) -> list[str]:
+    if isinstance(traces, (str, os.PathLike)):
+        traces = [traces]
+    if isinstance(traces, (bytes, bytearray)) or not isinstance(traces, Iterable):
+        raise TypeError(f"traces must be a path, a URL or a list of them, got {_shown(traces)}")
+    paths = []
+    for t in traces:
+        if not isinstance(t, (str, os.PathLike)):
+            raise TypeError(f"a trace must be a path or a URL (str), got {_shown(t)}")
+        text = os.fspath(t)
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f"a trace name is empty ({_shown(text)}); give a path or a URL")
+        paths.append(text)
+    if not paths:
+        raise ValueError("no traces given; give at least one path or URL")
+    return paths
+
+
+def _check_capacities(capacities: Any) -> list[int | None]:
+    if capacities is None or isinstance(capacities, (int, str)):
+        capacities = [capacities]
+    caps: list[int | None] = []
+    for c in capacities:
+        value = None if c is None else parse_bytes(c, name="capacity")
+        if value == 0:
+            raise InputError("capacity 0 holds nothing; give a size such as 80GiB")
+        if value not in caps:
+            caps.append(value)
+    return caps or [None]
+
+
+def _env_capacity() -> int | None:
+    """``ACCELRT_SIM_CAPACITY`` here, so that workers elsewhere replay under the same default."""
+    from ..backends.sim import ENV_CAPACITY
+
+    text = os.environ.get(ENV_CAPACITY)
+    return parse_bytes(text, name=ENV_CAPACITY) if text else None
+
+
+def _is_url(source: str) -> bool:
+    return "://" in source or "::" in source
+
+
+def _local_kind(source: str) -> str | None:
+    """What a local file is (``sniff``), or None for a URL or a file that cannot be read."""
+    if _is_url(source):
+        return None
+    from ..trace._format import sniff
+
+    try:
+        return sniff(source)
+    except OSError:
+        return "missing"
+
+
+def _size_of(path: str) -> int:
+    try:
+        return os.path.getsize(path) if not _is_url(path) else 0
+    except OSError:
+        return 0
+
+
+def _cpu_count() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def _chunks(items: Sequence[Setting], k: int) -> list[tuple[Setting, ...]]:
+    k = max(1, min(k, len(items)))
+    size, extra = divmod(len(items), k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + size + (1 if i < extra else 0)
+        out.append(tuple(items[start:end]))
+        start = end
+    return out
