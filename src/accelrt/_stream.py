@@ -215,7 +215,8 @@ class Stream(_StreamBase):
     @property
     def native_handle(self) -> int:
         """The backend's own stream object, as an int: the ``CUstream`` on ``cuda``, the
-        ``cl_command_queue`` on ``opencl``, the handle itself on ``sim``.
+        ``cl_command_queue`` on ``opencl``, the ``DPCTLSyclQueueRef`` of the ``dpctl.SyclQueue``
+        on ``xpu``, the handle itself on ``sim``.
 
         Mirrors ``torch.Stream.native_handle``; pass it to native libraries on the same device.
 
