@@ -109,6 +109,15 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def _describe(device: Any) -> str:
+    """A SYCL device in words: its filter string and name (a sub-device has no filter)."""
+    try:
+        where = repr(str(device.filter_string))
+    except Exception:  # dpctl: "This SyclDevice is not a root device"
+        where = "(a sub-device)"
+    return f"{where} {str(device.name).strip()!r}"
+
+
 def _raise_driver_error(call: str, exc: Exception) -> None:
     """Raise ``AcceleratorError`` from ``exc`` if dpctl (or SYCL) raised it; return otherwise."""
     if type(exc).__module__.partition(".")[0] == "dpctl":
@@ -594,9 +603,8 @@ class XPUBackend:
             raise TypeError(f"expected a dpctl.SyclQueue, got {type(queue).__name__}")
         if queue.sycl_device != state.device:
             raise ValueError(
-                f"the queue is on SYCL device {queue.sycl_device.filter_string!r} "
-                f"({queue.sycl_device.name.strip()}), not on xpu:{index} "
-                f"({state.device.filter_string!r}); pass the device it is on"
+                f"the queue is on SYCL device {_describe(queue.sycl_device)}, not on "
+                f"xpu:{index} ({_describe(state.device)}); pass the device it is on"
             )
         if queue.sycl_context != state.context:
             raise ValueError(
