@@ -153,6 +153,9 @@ class XPUEvent:
         self.stream: _XPUStream | None = None
 
 
+_complete: list[Any] = []  # dpctl.event_status_type.complete, once dpctl is imported
+
+
 def _no_stream(index: int, stream: int) -> ValueError:
     return ValueError(
         f"xpu:{index} has no stream with handle {stream:#x}: it was destroyed or belongs to "
@@ -281,6 +284,8 @@ class _XPUDevice:
         self.index = index
         self.context = dpctl.SyclContext(device)
         self.complete = dpctl.event_status_type.complete
+        if not _complete:
+            _complete.append(self.complete)
         self.allocations: dict[int, Any] = {}
         self.held = 0
         # (pointer, bytes) -> a dpctl MemoryUSMDevice view of that range (copies use it);
@@ -700,7 +705,7 @@ class XPUBackend:
         if marker is None:
             return True
         try:
-            done: bool = marker.execution_status == marker.execution_status.complete
+            done: bool = marker.execution_status == _complete[0]
         except Exception as exc:
             _raise_driver_error("event_query", exc)
             raise
