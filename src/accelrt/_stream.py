@@ -164,7 +164,7 @@ class Stream(_StreamBase):
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TypeError(
                 f"stream handle must be an int, got {handle!r} (or, on cuda, an object with "
-                "__cuda_stream__; on xpu, a dpctl.SyclQueue)"
+                "__cuda_stream__); on xpu, a dpctl.SyclQueue"
             )
         if handle < 0:
             raise ValueError(f"stream handle must be >= 0, got {handle}")
