@@ -8,6 +8,9 @@ import os
 # the multi-device tests run on OpenCL too; pin both before anything imports pyopencl.
 os.environ.setdefault("POCL_MEMORY_LIMIT", "2")
 os.environ.setdefault("POCL_DEVICES", "pthread pthread")
+# Intel's OpenCL CPU runtime (the xpu backend's device here) reports 2 GB, as PoCL does, so that
+# capacity tests allocate little; read when the SYCL runtime loads.
+os.environ.setdefault("CL_CONFIG_CPU_FORCE_GLOBAL_MEM_SIZE", "2GB")
 # the commands read these when --config gives no setting
 os.environ.pop("ACCELRT_ALLOC_CONF", None)
 os.environ.pop("PYTORCH_ALLOC_CONF", None)
@@ -55,15 +58,36 @@ def _cuda_available() -> bool:
     return CUDABackend().device_count() > 0  # never raises; 0 without driver or GPU
 
 
-@pytest.fixture(params=["sim", "opencl", *(["cuda"] if _cuda_available() else [])])
+def _xpu_skip_reason() -> str | None:
+    """Why the ``xpu`` backend cannot run here (dpctl missing, no SYCL device), or None."""
+    backend = _base.get_backend("xpu")
+    if backend.is_available():
+        return None
+    return f"no XPU device (install accelrt[xpu]): {backend.unavailable_reason()}"  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["sim", "opencl", "xpu", *(["cuda"] if _cuda_available() else [])])
 def device(request: pytest.FixtureRequest) -> str:
     """The name of a backend made the accelerator: ``sim`` always, ``opencl`` when present,
-    ``cuda`` where there is an NVIDIA GPU (only then is it a parameter at all)."""
+    ``xpu`` when dpctl and a SYCL device are, ``cuda`` where there is an NVIDIA GPU (only then
+    is it a parameter at all)."""
     name: str = request.param
     if name == "opencl" and not _opencl_available():
         pytest.skip("no OpenCL device (install accelrt[pocl])")
+    if name == "xpu" and (reason := _xpu_skip_reason()) is not None:
+        pytest.skip(reason)
     acc.backends.use(name)
     return name
+
+
+@pytest.fixture
+def xpu() -> str:
+    """The XPU backend as the accelerator; skipped without dpctl or a SYCL device."""
+    reason = _xpu_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    acc.backends.use("xpu")
+    return "xpu"
 
 
 @pytest.fixture
@@ -80,6 +104,19 @@ def opencl() -> str:
         pytest.skip("no OpenCL device (install accelrt[pocl])")
     acc.backends.use("opencl")
     return "opencl"
+
+
+@pytest.fixture(params=["opencl", "xpu"])
+def queue_backend(request: pytest.FixtureRequest) -> str:
+    """A backend whose streams are in-order queues of a real runtime (``opencl``, ``xpu``) as
+    the accelerator; each skipped where its runtime has no device."""
+    name: str = request.param
+    if name == "opencl" and not _opencl_available():
+        pytest.skip("no OpenCL device (install accelrt[pocl])")
+    if name == "xpu" and (reason := _xpu_skip_reason()) is not None:
+        pytest.skip(reason)
+    acc.backends.use(name)
+    return name
 
 
 @pytest.fixture

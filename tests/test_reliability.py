@@ -14,7 +14,7 @@ from accelrt.memory import AllocatorConfig, CachingAllocator
 MiB = 1 << 20
 
 
-def test_free_after_the_recorded_stream_is_gone(opencl: str) -> None:
+def test_free_after_the_recorded_stream_is_gone(queue_backend: str) -> None:
     buf = acc.empty(MiB)
     side = acc.Stream()
     acc.record_stream(buf, side)
@@ -53,7 +53,7 @@ def test_unrelated_setting_keeps_the_memory_fraction(sim: str) -> None:
         acc.empty(30 << 30)
 
 
-def test_opencl_enforces_the_device_capacity(opencl: str) -> None:
+def test_queue_backends_enforce_the_device_capacity(queue_backend: str) -> None:
     _, total = acc.get_memory_info()
     held = [acc.empty(total // 4) for _ in range(4)]
     with pytest.raises(acc.OutOfMemoryError) as info:

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 ENV_BACKEND = "ACCELRT_BACKEND"
-AUTO_ORDER = ("cuda", "opencl")
+AUTO_ORDER = ("cuda", "opencl", "xpu")
 NO_ACCELERATOR = "Cannot access accelerator device when none is available."
 
 _lock = threading.RLock()

@@ -117,7 +117,9 @@ class Stream(_StreamBase):
             backend, any object implementing the CUDA stream protocol: a ``__cuda_stream__()``
             method returning ``(0, native CUstream as int)`` (PyTorch, CuPy and ``cuda.core``
             streams; an attribute holding the tuple is accepted too, as early ``cuda.core``
-            had).
+            had). On the ``xpu`` backend, a ``dpctl.SyclQueue``: an in-order queue of the
+            device in the backend's context (``get_backend('xpu').context(i)``), which the
+            stream then submits to (it does not own it).
         device : int, str, Device or None
             The stream's device; None for the current device. The CUDA stream protocol does
             not carry the device: pass it when the foreign stream is not on the current one.
@@ -133,11 +135,13 @@ class Stream(_StreamBase):
         TypeError
             If ``handle`` is neither an int nor an object with ``__cuda_stream__``, if
             ``__cuda_stream__`` does not give a ``(version, handle)`` pair of ints, or if the
-            object is a CUDA stream and the device is not a ``cuda`` device.
+            object is a CUDA stream and the device is not a ``cuda`` device, or a dpctl
+            object and the device is not an ``xpu`` device or the object not a ``SyclQueue``.
         ValueError
             If the handle is negative, the protocol version is not 0, or for a bad device
-            argument. A handle that was never a stream of that device fails when the stream is
-            first used.
+            argument; a ``SyclQueue`` of another device or context, or out-of-order (the
+            message names it). A handle that was never a stream of that device fails when the
+            stream is first used.
 
         Notes
         -----
@@ -155,15 +159,30 @@ class Stream(_StreamBase):
                     "'cuda' backend (acc.backends.use('cuda'))"
                 )
             return cls._wrap(backend, index, _cuda_stream_handle(handle))
+        if type(handle).__module__.partition(".")[0] == "dpctl":
+            return cls._from_sycl_queue(handle, device)
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TypeError(
                 f"stream handle must be an int, got {handle!r} (or, on cuda, an object with "
-                "__cuda_stream__)"
+                "__cuda_stream__); on xpu, a dpctl.SyclQueue"
             )
         if handle < 0:
             raise ValueError(f"stream handle must be >= 0, got {handle}")
         backend, index = _runtime.resolve_device(device)
         return cls._wrap(backend, index, handle)
+
+    @classmethod
+    def _from_sycl_queue(cls, queue: Any, device: DeviceLike) -> Stream:
+        """``from_handle`` of a ``dpctl.SyclQueue``: the ``xpu`` stream over that queue."""
+        backend, index = _runtime.resolve_device(device)
+        if backend.name != "xpu":
+            raise TypeError(
+                f"{type(queue).__name__} is a dpctl (SYCL) object, but the device is "
+                f"{Device(backend.name, index)}; SYCL queues wrap only on the 'xpu' backend "
+                "(acc.backends.use('xpu'))"
+            )
+        adopt = backend.adopt_queue  # type: ignore[attr-defined]
+        return cls._wrap(backend, index, adopt(index, queue))
 
     @classmethod
     def _wrap(cls, backend: Backend, index: int, handle: int, priority: int = 0) -> Stream:
@@ -215,7 +234,8 @@ class Stream(_StreamBase):
     @property
     def native_handle(self) -> int:
         """The backend's own stream object, as an int: the ``CUstream`` on ``cuda``, the
-        ``cl_command_queue`` on ``opencl``, the handle itself on ``sim``.
+        ``cl_command_queue`` on ``opencl``, the ``DPCTLSyclQueueRef`` of the ``dpctl.SyclQueue``
+        on ``xpu``, the handle itself on ``sim``.
 
         Mirrors ``torch.Stream.native_handle``; pass it to native libraries on the same device.
 

@@ -38,6 +38,10 @@ def test_raw_attributes(device: str) -> None:
         assert raw["physical_index"] == 0 and raw["base_address"] == 0x7F0000000000
     elif device == "cuda":
         assert raw["compute_capability"] == f"{raw['major']}.{raw['minor']}"
+    elif device == "xpu":
+        assert raw["sycl_backend"] in ("level_zero", "opencl", "cuda", "hip")
+        assert raw["filter_string"].startswith(raw["sycl_backend"])
+        assert raw["max_work_group_size"] >= 1
     else:
         assert raw["version"].startswith("OpenCL") and raw["max_work_group_size"] >= 1
 

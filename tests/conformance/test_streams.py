@@ -62,6 +62,9 @@ def test_torch_stream_attributes(device: str) -> None:
     if device == "opencl":
         queue = acc.backends.get_backend("opencl").queue(0, s.handle)
         assert s.native_handle == queue.int_ptr != s.handle  # the cl_command_queue
+    elif device == "xpu":
+        queue = acc.backends.get_backend("xpu").queue(0, s.handle)
+        assert s.native_handle == queue.addressof_ref() != s.handle  # the DPCTLSyclQueueRef
     else:
         assert s.native_handle == s.handle
 

@@ -1,7 +1,8 @@
 """Backends: one module per kind of device, all behind the ``Backend`` Protocol.
 
 Built in: ``cuda`` (NVIDIA GPUs through ``cuda-bindings``), ``opencl`` (PyOpenCL; the PoCL
-CPU device where there is no GPU) and ``sim`` (a simulated device that only hands out
+CPU device where there is no GPU), ``xpu`` (Intel's SYCL runtime through ``dpctl``: Level Zero
+GPUs, else Intel's OpenCL CPU device) and ``sim`` (a simulated device that only hands out
 addresses). Third-party packages add backends through the
 entry-point group ``accelrt.backends``; each entry point names a class (or a factory) that
 returns an object satisfying :class:`Backend`.

@@ -68,6 +68,7 @@ _BUILTIN: dict[str, str] = {
     "cuda": "accelrt.backends.cuda:CUDABackend",
     "opencl": "accelrt.backends.opencl:OpenCLBackend",
     "sim": "accelrt.backends.sim:SimBackend",
+    "xpu": "accelrt.backends.xpu:XPUBackend",
 }
 
 

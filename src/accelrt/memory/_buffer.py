@@ -367,6 +367,49 @@ class _BufferAPI(MemoryHandle):
             "stream": stream._handle or 1,
         }
 
+    @property
+    def __sycl_usm_array_interface__(self) -> dict[str, Any]:
+        """The SYCL USM Array Interface (version 1) of the memory, on ``xpu`` buffers only.
+
+        A 1-D ``uint8`` array as dpctl and dpnp read it: ``shape`` ``(nbytes,)``, ``typestr``
+        ``"|u1"``, ``data`` ``(ptr, False)`` (writable), ``strides`` None (C-contiguous),
+        ``version`` 1, and ``syclobj`` the ``dpctl.SyclQueue`` of the buffer's stream (whose
+        context the memory belongs to), so that ``dpctl.memory.as_usm_memory(buf)`` or
+        ``dpnp.asarray(buf)`` shares the memory without a copy.
+
+        Raises
+        ------
+        AttributeError
+            If the buffer is not XPU memory, so that ``hasattr`` is False there.
+        ValueError
+            If the buffer was freed, or its stream was destroyed.
+
+        Notes
+        -----
+        As ``__cuda_array_interface__``: once read, the block outlives ``free()`` until the
+        buffer is garbage-collected (consumers such as dpctl keep the buffer object). Work the
+        consumer submits to another queue must be ordered after the buffer's stream (the
+        interface carries no stream); ``accelrt.record_stream`` it before freeing.
+        """
+        stream = self._stream
+        if stream._backend.name != "xpu":
+            raise AttributeError(
+                f"memory of {stream.device} is not XPU memory (no __sycl_usm_array_interface__)"
+            )
+        queue = stream._backend.queue(stream._index, stream._handle)  # type: ignore[attr-defined]
+        if self.nbytes:
+            self.block  # noqa: B018 (raises ValueError if freed)
+            handle: Any = self  # _pin is a field of each core's Buffer
+            handle._pin = self._export_pin()  # held by the buffer: its consumers hold it
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 1,
+            "syclobj": queue,
+        }
+
     def __dlpack_device__(self) -> tuple[int, int]:
         """Return the DLPack device: ``(kDLCUDA = 2, CUDA ordinal)`` for CUDA memory, else
         ``(kDLCPU = 1, 0)`` (host-accessible memory is exported as CPU memory)."""
