@@ -8,7 +8,7 @@ import contextlib
 import multiprocessing
 import signal
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ._model import SweepResult
@@ -79,7 +79,7 @@ def _run_local(
     tasks: list[_Task],
     sizes: list[int],
     workers: int,
-    progress: ProgressCallback | None,
+    counter: _Counter,
 ) -> list[SweepResult]:
     sweep_id = tasks[0].sweep_id
     pool = None
@@ -100,7 +100,7 @@ def _run_local(
             dask.delayed(_run_task, pure=False)(task, dask_key_name=keys[i])
             for i, task in enumerate(tasks)
         ]
-        counter = _Counter(tasks, keys, progress)
+        counter.expect(tasks, keys)
 
         class _Progress(Callback):  # type: ignore[misc]
             def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker: Any) -> None:
@@ -111,7 +111,6 @@ def _run_local(
             kwargs.update(pool=pool, chunksize=1)
         elif scheduler == "threads":
             kwargs.update(num_workers=workers)
-        counter.start()
         with _Progress():
             out = dask.compute(*delayed, **kwargs)
     except BaseException:
@@ -128,24 +127,43 @@ def _run_local(
 
 
 class _Counter:
-    """Combinations done, for the progress callback."""
+    """Combinations done, for the progress callback, and each task's rows handed to a sink
+    (the results file) as the task finishes, before the progress callback is called.
+
+    Parameters
+    ----------
+    progress : callable, optional
+        ``progress(done, total)``, in combinations.
+    sink : callable, optional
+        Called with each finished task's rows.
+    already : int
+        Combinations done before this run (a resumed sweep's), counted in ``done`` and ``total``.
+    """
 
     def __init__(
-        self, tasks: list[_Task], keys: Mapping[int, str], progress: ProgressCallback | None
+        self,
+        progress: ProgressCallback | None,
+        sink: Callable[[Sequence[SweepResult]], None] | None = None,
+        already: int = 0,
     ) -> None:
-        self.planned = {keys[i]: t.planned for i, t in enumerate(tasks)}
-        self.total = sum(self.planned.values())
-        self.count = 0
+        self.planned: dict[Any, int] = {}
+        self.total = self.count = already
         self.progress = progress
+        self.sink = sink
 
-    def start(self) -> None:
+    def expect(self, tasks: list[_Task], keys: Mapping[int, str]) -> None:
+        """Count the tasks to run (by their keys) and report that nothing more is done yet."""
+        self.planned = {keys[i]: t.planned for i, t in enumerate(tasks)}
+        self.total += sum(self.planned.values())
         if self.progress is not None:
-            self.progress(0, self.total)
+            self.progress(self.count, self.total)
 
     def done(self, key: Any, rows: Sequence[SweepResult]) -> None:
         planned = self.planned.pop(key, None)
         if planned is None:
             return
+        if self.sink is not None:
+            self.sink(rows)
         self.total += len(rows) - planned  # a URL's snapshot adds its recorded setting
         self.count += len(rows)
         if self.progress is not None:
@@ -153,13 +171,12 @@ class _Counter:
 
 
 def _run_distributed(
-    client: Any, tasks: list[_Task], sizes: list[int], progress: ProgressCallback | None
+    client: Any, tasks: list[_Task], sizes: list[int], counter: _Counter
 ) -> list[SweepResult]:
     from distributed import as_completed
 
     keys = {i: f"accelrt-sweep-{t.sweep_id}-{i}" for i, t in enumerate(tasks)}
-    counter = _Counter(tasks, keys, progress)
-    counter.start()
+    counter.expect(tasks, keys)
     futures = [
         client.submit(_run_task, task, key=keys[i], pure=False, priority=sizes[i])
         for i, task in enumerate(tasks)
