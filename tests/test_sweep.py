@@ -534,7 +534,7 @@ def test_bad_input_is_refused_before_any_work(
     def no_work(*args: object) -> None:
         raise AssertionError("work started")
 
-    monkeypatch.setattr(_schedule, "_run_task", no_work)
+    monkeypatch.setattr(_schedule, "_run_batch", no_work)
     monkeypatch.setattr(_sweep, "_connect", no_work)
     err = _fails_in_one_line(capsys, ["sweep", str(EXAMPLE), *argv])
     assert err.split(": error: ", 1)[1] == message
@@ -820,3 +820,25 @@ def test_a_results_file_of_another_sweep_is_refused(
         sweep(traces["small"], ["defaults"], results_file=file, resume=True)
     with pytest.raises(ValueError, match=r"^resume needs a results file to continue \("):
         sweep(traces["small"], resume=True)
+
+
+def test_small_traces_are_batched_into_dask_tasks(traces: dict[str, str], tmp_path: Path) -> None:
+    from accelrt._sweep._plan import _batches, _Task
+
+    def task(source: str) -> _Task:
+        return _Task("id", source, False, None, (), False, (None,), False, None, 1)
+
+    sources = ["a", "b", "big", "c", "s3://bucket/d", "e", "f", "g"]
+    sizes = [10, 10, 1000, 10, 0, 10, 10, 10]
+    batches, totals = _batches([task(s) for s in sources], sizes, target=2)  # 133 bytes a batch
+    assert [[t.source for t in b] for b in batches] == [
+        ["a", "b"], ["big"], ["c"], ["s3://bucket/d"], ["e", "f", "g"]
+    ]  # fmt: skip
+    assert totals == [20, 1000, 10, 0, 30]
+    calls: list[tuple[int, int]] = []  # 20 Dask tasks before; 2 traces a task now
+    many = [shutil.copy(traces[name], tmp_path / f"{i}-{name}.jsonl.gz")
+            for i in range(10) for name in ("small", "squeeze")]  # fmt: skip
+    results = sweep(many, "defaults", scheduler="processes", num_workers=2,
+                    progress=lambda done, total: calls.append((done, total)))  # fmt: skip
+    assert [r.peak_reserved_bytes for r in results] == [113246208, 50 * MiB] * 10
+    assert calls == [(0, 20), *((2 * i, 20) for i in range(1, 11))]

@@ -47,7 +47,15 @@ from ._output import render_png as render_png
 from ._output import write_csv as write_csv
 from ._output import write_parquet as write_parquet
 from ._plan import ProgressCallback as ProgressCallback
-from ._plan import _check_capacities, _check_traces, _cpu_count, _env_capacity, _plan_tasks, _Task
+from ._plan import (
+    _batches,
+    _check_capacities,
+    _check_traces,
+    _cpu_count,
+    _env_capacity,
+    _plan_tasks,
+    _Task,
+)
 from ._resume import _ResultsFile
 from ._schedule import _Counter, _run_distributed, _run_local
 from ._text import _shown
@@ -183,8 +191,9 @@ def sweep(
     -----
     A trace that is missing or malformed does not stop the others: its combinations carry
     the error. Each worker loads a trace once for all the settings it is given: a trace's
-    settings are split into as many tasks as keep every worker busy. The capacity search
-    assumes that more memory never makes a replay fail; its result fits, and one
+    settings are split into as many tasks as keep every worker busy, and small local traces are
+    batched into one Dask task (up to a quarter of a worker's share of the bytes). The capacity
+    search assumes that more memory never makes a replay fail; its result fits, and one
     :data:`GRANULARITY` less runs out of memory.
 
     Examples
@@ -278,20 +287,22 @@ def sweep(
             start=start,
         )
         target = workers * (2 if find_capacity else 1)
-        tasks, sizes = _plan_tasks(base, paths, candidates, recorded, target, store)
+        batches, sizes = _batches(
+            *_plan_tasks(base, paths, candidates, recorded, target, store), target
+        )
         counter = _Counter(progress, store.append if store else None, len(kept))
         if client is not None:
             named = isinstance(where, str) and scheduler_file is None
             name = where if named else str(client.scheduler.address)
         else:
             name = where
-        if not tasks:  # a resumed sweep that was done
+        if not batches:  # a resumed sweep that was done
             counter.expect([], {})
             rows = []
         elif client is not None:
-            rows = _run_distributed(client, tasks, sizes, counter)
+            rows = _run_distributed(client, batches, sizes, counter)
         else:
-            rows = _run_local(where, tasks, sizes, min(workers, len(tasks)), counter)
+            rows = _run_local(where, batches, sizes, min(workers, len(batches)), counter)
     finally:
         if store is not None:
             store.close()

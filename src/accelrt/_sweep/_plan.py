@@ -155,3 +155,33 @@ def _plan_tasks(
                 )
                 sizes.append(_size_of(path))
     return tasks, sizes
+
+
+BATCHES_PER_WORKER = 4
+"""Small local traces are batched into Dask tasks of at most 1/4 of a worker's share of the
+traces' bytes, so that many short replays are not dominated by per-task overhead."""
+
+
+def _batches(
+    tasks: Sequence[_Task], sizes: Sequence[int], target: int
+) -> tuple[list[tuple[_Task, ...]], list[int]]:
+    """The tasks batched into Dask tasks, and each batch's bytes of traces.
+
+    Tasks of local traces smaller than ``1 / (BATCHES_PER_WORKER * target)`` of all the traces'
+    bytes go together (consecutive ones, up to that many bytes); the others, and URLs (whose
+    size is not known here), are a batch each.
+    """
+    limit = sum(sizes) / (BATCHES_PER_WORKER * target)
+    batches: list[list[_Task]] = []
+    totals: list[int] = []
+    joinable = False  # whether the last batch takes more small traces
+    for task, size in zip(tasks, sizes, strict=True):
+        small = not _is_url(task.source) and size < limit
+        if small and joinable and totals[-1] + size <= limit:
+            batches[-1].append(task)
+            totals[-1] += size
+        else:
+            batches.append([task])
+            totals.append(size)
+        joinable = small
+    return [tuple(b) for b in batches], totals

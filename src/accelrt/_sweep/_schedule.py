@@ -13,7 +13,7 @@ from typing import Any
 
 from ._model import SweepResult
 from ._plan import ProgressCallback, _Task
-from ._worker import _CANCELLED, _forget, _run_task
+from ._worker import _CANCELLED, _forget, _run_batch
 
 
 def _ignore_sigint() -> None:
@@ -76,12 +76,12 @@ def _start_pool(context: Any, workers: int) -> Any:
 
 def _run_local(
     scheduler: str,
-    tasks: list[_Task],
+    batches: list[tuple[_Task, ...]],
     sizes: list[int],
     workers: int,
     counter: _Counter,
 ) -> list[SweepResult]:
-    sweep_id = tasks[0].sweep_id
+    sweep_id = batches[0][0].sweep_id
     pool = None
     try:
         # the fork server imports accelrt while this process imports Dask
@@ -94,13 +94,13 @@ def _run_local(
 
         # the local schedulers run ready tasks by key, highest first: number them so that the
         # largest traces start first and the small ones fill in at the end
-        order = sorted(range(len(tasks)), key=lambda i: (-sizes[i], i))
-        keys = {i: f"accelrt-sweep-{len(tasks) - rank:06d}" for rank, i in enumerate(order)}
+        order = sorted(range(len(batches)), key=lambda i: (-sizes[i], i))
+        keys = {i: f"accelrt-sweep-{len(batches) - rank:06d}" for rank, i in enumerate(order)}
         delayed = [
-            dask.delayed(_run_task, pure=False)(task, dask_key_name=keys[i])
-            for i, task in enumerate(tasks)
+            dask.delayed(_run_batch, pure=False)(batch, dask_key_name=keys[i])
+            for i, batch in enumerate(batches)
         ]
-        counter.expect(tasks, keys)
+        counter.expect(batches, keys)
 
         class _Progress(Callback):  # type: ignore[misc]
             def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker: Any) -> None:
@@ -151,9 +151,10 @@ class _Counter:
         self.progress = progress
         self.sink = sink
 
-    def expect(self, tasks: list[_Task], keys: Mapping[int, str]) -> None:
-        """Count the tasks to run (by their keys) and report that nothing more is done yet."""
-        self.planned = {keys[i]: t.planned for i, t in enumerate(tasks)}
+    def expect(self, batches: list[tuple[_Task, ...]], keys: Mapping[int, str]) -> None:
+        """Count the batches of batches to run (by their keys) and report that nothing more is
+        done yet."""
+        self.planned = {keys[i]: sum(t.planned for t in batch) for i, batch in enumerate(batches)}
         self.total += sum(self.planned.values())
         if self.progress is not None:
             self.progress(self.count, self.total)
@@ -171,15 +172,16 @@ class _Counter:
 
 
 def _run_distributed(
-    client: Any, tasks: list[_Task], sizes: list[int], counter: _Counter
+    client: Any, batches: list[tuple[_Task, ...]], sizes: list[int], counter: _Counter
 ) -> list[SweepResult]:
     from distributed import as_completed
 
-    keys = {i: f"accelrt-sweep-{t.sweep_id}-{i}" for i, t in enumerate(tasks)}
-    counter.expect(tasks, keys)
+    sweep_id = batches[0][0].sweep_id
+    keys = {i: f"accelrt-sweep-{sweep_id}-{i}" for i in range(len(batches))}
+    counter.expect(batches, keys)
     futures = [
-        client.submit(_run_task, task, key=keys[i], pure=False, priority=sizes[i])
-        for i, task in enumerate(tasks)
+        client.submit(_run_batch, batch, key=keys[i], pure=False, priority=sizes[i])
+        for i, batch in enumerate(batches)
     ]
     try:
         for future in as_completed(futures, loop=client.loop):
@@ -190,5 +192,5 @@ def _run_distributed(
         raise
     finally:
         with contextlib.suppress(Exception):
-            client.run(_forget, tasks[0].sweep_id)  # the traces the workers keep loaded
+            client.run(_forget, sweep_id)  # the traces the workers keep loaded
     return [row for rows in results for row in rows]
