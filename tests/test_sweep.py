@@ -818,6 +818,8 @@ def test_a_results_file_of_another_sweep_is_refused(
     file.write_text('{"name": "small"}\n')
     with pytest.raises(ValueError, match=r"is not an accelrt sweep results file; give another$"):
         sweep(traces["small"], ["defaults"], results_file=file, resume=True)
+    with pytest.raises(ValueError, match=r"is not an accelrt sweep results file; give another$"):
+        sweep(traces["small"], ["defaults"], results_file=traces["squeeze"])  # not resumed either
     with pytest.raises(ValueError, match=r"^resume needs a results file to continue \("):
         sweep(traces["small"], resume=True)
 

@@ -60,8 +60,8 @@ class _ResultsFile:
     Raises
     ------
     InputError
-        If the file holds rows and ``resume`` is False, is not a sweep's results file, has a
-        line (not the last) that is not a row, or belongs to a sweep with other arguments.
+        If the file is not a sweep's results file, belongs to a sweep with other arguments,
+        holds results and ``resume`` is False, or has a line (not the last) that is not a row.
     OSError
         If the file cannot be read or written.
     """
@@ -71,13 +71,13 @@ class _ResultsFile:
         self.header = {"format": _FORMAT, "version": _VERSION, **header}
         self.rows: list[SweepResult] = []
         lines = self._read_lines()
-        if lines and not resume:
-            raise InputError(
-                f"{path} already holds sweep results; resume it (--resume, resume=True) or "
-                "give a new file"
-            )
         if lines:
             self._check_header(lines[0])
+            if not resume:
+                raise InputError(
+                    f"{path} already holds sweep results; resume it (--resume, resume=True) or "
+                    "give a new file"
+                )
             self.rows = self._whole(self._parse(lines[1:]))
         self._done = {(r.trace, r.config) for r in self.rows}
         self._rewrite()  # the header and the rows kept, nothing else (a truncated line)
