@@ -534,7 +534,7 @@ def test_bad_input_is_refused_before_any_work(
     def no_work(*args: object) -> None:
         raise AssertionError("work started")
 
-    monkeypatch.setattr(_schedule, "_run_task", no_work)
+    monkeypatch.setattr(_schedule, "_run_batch", no_work)
     monkeypatch.setattr(_sweep, "_connect", no_work)
     err = _fails_in_one_line(capsys, ["sweep", str(EXAMPLE), *argv])
     assert err.split(": error: ", 1)[1] == message
@@ -695,3 +695,152 @@ def test_every_recorded_device_is_swept_and_ranked(
 def _out(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert cli.main(argv) == 0
     return capsys.readouterr().out
+
+
+_RESUMED = {
+    "configs": CONFIGS,
+    "capacities": CAPACITIES,
+}  # the sweep the resume tests interrupt: 14 combinations
+
+
+def _without_timing(results: SweepResults) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k not in _TIMING} for row in results.to_dicts()]
+
+
+@pytest.fixture
+def replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the replays a sweep on this process (synchronous) runs."""
+    from accelrt._sweep import _worker
+
+    count = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr(_worker, "replay", counted)
+    return count
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 8, 14])
+def test_a_resumed_sweep_replays_only_what_the_file_lacks(
+    traces: dict[str, str], tmp_path: Path, replays: list[int], cut: int
+) -> None:
+    paths = [traces["small"], traces["snapshot"]]
+    whole = tmp_path / "whole.jsonl"
+    full = sweep(paths, **_RESUMED, scheduler="synchronous", results_file=whole)
+    lines = whole.read_text().splitlines(keepends=True)
+    assert len(lines) == 1 + len(full) == 15
+    # killed after `cut` rows, in the middle of writing the next one (a truncated last line)
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(lines[: 1 + cut]) + lines[1 + cut][:40] if cut < 14 else "".join(lines))
+    replays[0] = 0
+    calls: list[tuple[int, int]] = []
+    resumed = sweep(paths, **_RESUMED, scheduler="synchronous", results_file=part, resume=True,
+                    progress=lambda done, total: calls.append((done, total)))  # fmt: skip
+    kept = cut // 2 * 2  # a (trace, setting) is kept whole, at both capacities, or replayed
+    assert replays[0] == len(full) - kept
+    assert _without_timing(resumed) == _without_timing(full)
+    assert sum(r in full for r in resumed) == kept  # the rows kept are the file's, timed as it says
+    assert (calls[0], calls[-1]) == ((kept, 14), (14, 14))
+    # the file now holds the whole sweep, once: resuming it again replays nothing
+    assert len(part.read_text().splitlines()) == 15
+    replays[0] = 0
+    again = sweep(paths, **_RESUMED, scheduler="synchronous", results_file=part, resume=True)
+    assert replays[0] == 0 and again == resumed
+
+
+def test_an_interrupted_sweep_resumes(
+    traces: dict[str, str], tmp_path: Path, replays: list[int]
+) -> None:
+    paths = [traces["example"], traces["small"], traces["snapshot"]]
+    file = tmp_path / "results.jsonl"
+
+    def interrupt(done: int, total: int) -> None:
+        if done:  # the first task is done: Ctrl-C
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep(paths, **_RESUMED, scheduler="processes", num_workers=2, results_file=file,
+              progress=interrupt)  # fmt: skip
+    assert multiprocessing.active_children() == []
+    written = len(file.read_text().splitlines()) - 1
+    assert 0 < written < 20
+    resumed = sweep(paths, **_RESUMED, scheduler="synchronous", results_file=file, resume=True)
+    assert replays[0] == 20 - written
+    full = sweep(paths, **_RESUMED, scheduler="synchronous")
+    assert _without_timing(resumed) == _without_timing(full)
+
+
+def test_the_command_resumes_with_the_same_output(
+    traces: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "results.jsonl"
+    argv = ["sweep", traces["small"], traces["snapshot"], "--scheduler", "synchronous",
+            "--config", "defaults", "--config", "expandable_segments:True",
+            "--results-file", str(file)]  # fmt: skip
+    table = _out(capsys, argv)
+    assert "small" in table and "winner: " in table
+    lines = file.read_text().splitlines(keepends=True)
+    file.write_text("".join(lines[:3]) + lines[3][:-1])  # the newline of the last row lost
+    assert _out(capsys, [*argv, "--resume"]) == table
+    assert _out(capsys, [*argv, "--resume"]) == table  # nothing left to do: the same again
+    err = _fails_in_one_line(capsys, argv)  # without --resume, the file is not overwritten
+    assert err == (
+        f"accelrt sweep: error: {file} already holds sweep results; resume it (--resume, "
+        "resume=True) or give a new file"
+    )
+    fresh = tmp_path / "fresh.jsonl"  # --resume with no file yet starts one
+    assert _out(capsys, [*argv[:-1], str(fresh), "--resume"]) == table
+
+
+def test_a_results_file_of_another_sweep_is_refused(
+    traces: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "results.jsonl"
+    sweep(traces["small"], ["defaults"], scheduler="synchronous", results_file=file)
+    kept = file.read_text()
+    argv = ["sweep", traces["small"], "--scheduler", "synchronous", "--results-file", str(file),
+            "--resume"]  # fmt: skip
+    err = _fails_in_one_line(capsys, [*argv, "--config", "expandable_segments:True"])
+    assert err == (
+        f"accelrt sweep: error: {file} holds another sweep's results (configs ['defaults'], "
+        "this sweep's ['expandable_segments:True']); resume with the same arguments, or give a "
+        "new file"
+    )
+    err = _fails_in_one_line(capsys, [*argv, "--capacity", "1GiB"])
+    assert "holds another sweep's results (capacities [None], this sweep's [1073741824])" in err
+    assert file.read_text() == kept  # refused before anything was written
+    lines = kept.splitlines(keepends=True)
+    file.write_text(lines[0] + "not a row\n" + lines[1])
+    with pytest.raises(ValueError, match=r"line 2 is not a sweep result \('not a row'\); give"):
+        sweep(traces["small"], ["defaults"], results_file=file, resume=True)
+    file.write_text('{"name": "small"}\n')
+    with pytest.raises(ValueError, match=r"is not an accelrt sweep results file; give another$"):
+        sweep(traces["small"], ["defaults"], results_file=file, resume=True)
+    with pytest.raises(ValueError, match=r"is not an accelrt sweep results file; give another$"):
+        sweep(traces["small"], ["defaults"], results_file=traces["squeeze"])  # not resumed either
+    with pytest.raises(ValueError, match=r"^resume needs a results file to continue \("):
+        sweep(traces["small"], resume=True)
+
+
+def test_small_traces_are_batched_into_dask_tasks(traces: dict[str, str], tmp_path: Path) -> None:
+    from accelrt._sweep._plan import _batches, _Task
+
+    def task(source: str) -> _Task:
+        return _Task("id", source, False, None, (), False, (None,), False, None, 1)
+
+    sources = ["a", "b", "big", "c", "s3://bucket/d", "e", "f", "g"]
+    sizes = [10, 10, 1000, 10, 0, 10, 10, 10]
+    batches, totals = _batches([task(s) for s in sources], sizes, target=2)  # 133 bytes a batch
+    assert [[t.source for t in b] for b in batches] == [
+        ["a", "b"], ["big"], ["c"], ["s3://bucket/d"], ["e", "f", "g"]
+    ]  # fmt: skip
+    assert totals == [20, 1000, 10, 0, 30]
+    calls: list[tuple[int, int]] = []  # 20 Dask tasks before; 2 traces a task now
+    many = [shutil.copy(traces[name], tmp_path / f"{i}-{name}.jsonl.gz")
+            for i in range(10) for name in ("small", "squeeze")]  # fmt: skip
+    results = sweep(many, "defaults", scheduler="processes", num_workers=2,
+                    progress=lambda done, total: calls.append((done, total)))  # fmt: skip
+    assert [r.peak_reserved_bytes for r in results] == [113246208, 50 * MiB] * 10
+    assert calls == [(0, 20), *((2 * i, 20) for i in range(1, 11))]

@@ -48,16 +48,16 @@ from ._output import write_csv as write_csv
 from ._output import write_parquet as write_parquet
 from ._plan import ProgressCallback as ProgressCallback
 from ._plan import (
+    _batches,
     _check_capacities,
     _check_traces,
-    _chunks,
     _cpu_count,
     _env_capacity,
-    _local_kind,
-    _size_of,
+    _plan_tasks,
     _Task,
 )
-from ._schedule import _run_distributed, _run_local
+from ._resume import _ResultsFile
+from ._schedule import _Counter, _run_distributed, _run_local
 from ._text import _shown
 
 __all__ = [
@@ -88,6 +88,8 @@ def sweep(
     start: str = "modelled",
     scheduler_file: str | os.PathLike[str] | None = None,
     on_connect: Callable[[Any], None] | None = None,
+    results_file: str | os.PathLike[str] | None = None,
+    resume: bool = False,
 ) -> SweepResults:
     """Replay every (trace, setting, capacity) combination, in parallel on Dask.
 
@@ -144,6 +146,15 @@ def sweep(
         For a recording that began mid-run, under settings other than the recorded one: its
         start state rebuilt under each setting (default) or kept as recorded
         (``accelrt.replay.replay``'s ``start``).
+    results_file : str or path-like, optional
+        A JSON Lines file (a local path) to append every row to as its task finishes: a
+        header line naming the sweep, then one :class:`SweepResult` a line (its report in
+        full). A sweep killed or interrupted leaves every finished task's rows in it.
+    resume : bool
+        With ``results_file``: keep the (trace, setting) combinations the file already holds
+        whole (replayed without error, at every capacity and recorded device) and replay only
+        the rest; a truncated last line is dropped, and rows with an error are replayed again.
+        A missing or empty file starts afresh. The results equal an uninterrupted sweep's.
 
     Returns
     -------
@@ -167,7 +178,12 @@ def sweep(
     InputError
         A ``ValueError``: if the scheduler or its workers run other versions of accelrt,
         Dask or the packages Dask checks than this client (``Client.get_versions``), or both
-        ``scheduler`` and ``scheduler_file`` are given.
+        ``scheduler`` and ``scheduler_file`` are given; if ``results_file`` holds results
+        and ``resume`` is False, is not a sweep's results file, or holds the results of a
+        sweep with other traces, settings, capacities or options (``resume`` needs the same
+        arguments), or ``resume`` is given without ``results_file``.
+    OSError
+        If ``results_file`` cannot be read or written.
     KeyboardInterrupt
         On Ctrl-C; pending work is cancelled and local worker processes are stopped.
 
@@ -175,8 +191,9 @@ def sweep(
     -----
     A trace that is missing or malformed does not stop the others: its combinations carry
     the error. Each worker loads a trace once for all the settings it is given: a trace's
-    settings are split into as many tasks as keep every worker busy. The capacity search
-    assumes that more memory never makes a replay fail; its result fits, and one
+    settings are split into as many tasks as keep every worker busy, and small local traces are
+    batched into one Dask task (up to a quarter of a worker's share of the bytes). The capacity
+    search assumes that more memory never makes a replay fail; its result fits, and one
     :data:`GRANULARITY` less runs out of memory.
 
     Examples
@@ -215,21 +232,39 @@ def sweep(
     env_capacity = _env_capacity()
     if importlib.util.find_spec("dask") is None:  # imported later, while workers start
         raise ImportError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'", name="dask")
+    if scheduler_file is not None and scheduler is not None:
+        raise InputError(
+            f"give a scheduler or a scheduler file, not both (scheduler {_shown(scheduler)}, "
+            f"scheduler_file {_shown(scheduler_file)})"
+        )
+    if resume and results_file is None:
+        raise InputError("resume needs a results file to continue (results_file, --results-file)")
+    labels = [c.label for c in candidates]
+    store = None
+    if results_file is not None:  # before any work: a file that cannot be resumed is refused
+        header = {
+            "traces": paths,
+            "configs": labels,
+            "capacities": caps,
+            "find_capacity": find_capacity,
+            "include_host": include_host,
+            "device_index": device_index,
+            "recorded": recorded,
+            "start": start,
+            "env_capacity": env_capacity,
+        }
+        store = _ResultsFile(os.fspath(results_file), header, resume)
+    kept = store.rows if store is not None else []
 
     client, owned = None, False
-    if scheduler_file is not None:
-        if scheduler is not None:
-            raise InputError(
-                f"give a scheduler or a scheduler file, not both (scheduler {_shown(scheduler)}, "
-                f"scheduler_file {_shown(scheduler_file)})"
-            )
-        client, owned = _connect_file(os.fspath(scheduler_file), connect_timeout), True
-    elif not isinstance(where, str):
-        client = where
-    elif "://" in where:
-        client = _connect(where, connect_timeout)
-        owned = True
     try:
+        if scheduler_file is not None:
+            client, owned = _connect_file(os.fspath(scheduler_file), connect_timeout), True
+        elif not isinstance(where, str):
+            client = where
+        elif "://" in where:
+            client = _connect(where, connect_timeout)
+            owned = True
         if owned:
             _check_versions(client)
             if on_connect is not None:
@@ -238,46 +273,56 @@ def sweep(
             workers = max(1, sum(client.nthreads().values()))
         else:
             workers = 1 if where == "synchronous" else (num_workers or _cpu_count())
-        sweep_id = uuid.uuid4().hex
-        tasks, sizes = [], []
+        base = _Task(
+            sweep_id=uuid.uuid4().hex,
+            source="",
+            include_host=include_host,
+            device_index=device_index,
+            candidates=(),
+            recorded=False,
+            capacities=tuple(caps),
+            find_capacity=find_capacity,
+            env_capacity=env_capacity,
+            planned=0,
+            start=start,
+        )
         target = workers * (2 if find_capacity else 1)
-        per_trace = max(1, math.ceil(target / len(paths)))
-        for path in paths:
-            kind = _local_kind(path)
-            rec: bool | None = (kind == "pickle") if kind is not None else None
-            rec = rec if recorded else False
-            for i, chunk in enumerate(_chunks(candidates, per_trace)):
-                with_rec = rec if i == 0 else False
-                tasks.append(
-                    _Task(
-                        sweep_id=sweep_id,
-                        source=path,
-                        include_host=include_host,
-                        device_index=device_index,
-                        candidates=chunk,
-                        recorded=with_rec,
-                        capacities=tuple(caps),
-                        find_capacity=find_capacity,
-                        env_capacity=env_capacity,
-                        planned=(len(chunk) + bool(with_rec)) * len(caps),
-                        start=start,
-                    )
-                )
-                sizes.append(_size_of(path))
+        batches, sizes = _batches(
+            *_plan_tasks(base, paths, candidates, recorded, target, store), target
+        )
+        counter = _Counter(progress, store.append if store else None, len(kept))
         if client is not None:
             named = isinstance(where, str) and scheduler_file is None
             name = where if named else str(client.scheduler.address)
-            rows = _run_distributed(client, tasks, sizes, progress)
         else:
             name = where
-            rows = _run_local(where, tasks, sizes, min(workers, len(tasks)), progress)
+        if not batches:  # a resumed sweep that was done
+            counter.expect([], {})
+            rows = []
+        elif client is not None:
+            rows = _run_distributed(client, batches, sizes, counter)
+        else:
+            rows = _run_local(where, batches, sizes, min(workers, len(batches)), counter)
     finally:
+        if store is not None:
+            store.close()
         if owned and client is not None:
             with contextlib.suppress(Exception):
                 client.close()
-    labels = [c.label for c in candidates]
+    rows += kept
     if recorded and any(r.config == RECORDED for r in rows):
         labels.insert(0, RECORDED)
+    # trace, recorded device, setting, capacity: as the tasks give them, resumed rows included
+    column = {label: i for i, label in enumerate(labels)}
+    first = {path: i for i, path in reversed(list(enumerate(paths)))}
+    rows.sort(
+        key=lambda r: (
+            first[r.trace],
+            -1 if r.recorded_device is None else r.recorded_device,
+            column[r.config],
+            caps.index(r.capacity),
+        )
+    )
     return SweepResults(
         rows,
         traces=paths,

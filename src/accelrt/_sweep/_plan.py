@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import InputError
 from .._units import parse_bytes
-from ..memory._config import Setting
+from ..memory._config import RECORDED, Setting
 from ._text import _shown
+
+if TYPE_CHECKING:
+    from ._resume import _ResultsFile
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -109,3 +114,74 @@ def _chunks(items: Sequence[Setting], k: int) -> list[tuple[Setting, ...]]:
         out.append(tuple(items[start:end]))
         start = end
     return out
+
+
+def _plan_tasks(
+    base: _Task,
+    paths: Sequence[str],
+    candidates: Sequence[Setting],
+    recorded: bool,
+    target: int,
+    done: _ResultsFile | None,
+) -> tuple[list[_Task], list[int]]:
+    """The tasks (``base`` with a trace and some of its settings each) and their traces' sizes.
+
+    A trace's settings are split into enough tasks to give ``target`` tasks in all; a
+    snapshot's recorded settings go with its first task. The combinations a resumed results
+    file holds are left out (a trace with none left has no task).
+    """
+    tasks, sizes = [], []
+    per_trace = max(1, math.ceil(target / len(paths)))
+    for path in paths:
+        kind = _local_kind(path)
+        rec: bool | None = (kind == "pickle") if kind is not None else None
+        rec = rec if recorded else False
+        todo = list(candidates)
+        if done is not None:
+            todo = [c for c in todo if not done.done(path, c.label)]
+            seen = done.devices(path)
+            if done.done(path, RECORDED):
+                rec = False
+            elif rec is None and seen:  # a URL read before: a snapshot if its rows have devices
+                rec = seen != {None}
+        for i, chunk in enumerate(_chunks(todo, per_trace)):
+            with_rec = rec if i == 0 else False
+            if chunk or with_rec is not False:
+                planned = (len(chunk) + bool(with_rec)) * len(base.capacities)
+                tasks.append(
+                    dataclasses.replace(
+                        base, source=path, candidates=chunk, recorded=with_rec, planned=planned
+                    )
+                )
+                sizes.append(_size_of(path))
+    return tasks, sizes
+
+
+BATCHES_PER_WORKER = 4
+"""Small local traces are batched into Dask tasks of at most 1/4 of a worker's share of the
+traces' bytes, so that many short replays are not dominated by per-task overhead."""
+
+
+def _batches(
+    tasks: Sequence[_Task], sizes: Sequence[int], target: int
+) -> tuple[list[tuple[_Task, ...]], list[int]]:
+    """The tasks batched into Dask tasks, and each batch's bytes of traces.
+
+    Tasks of local traces smaller than ``1 / (BATCHES_PER_WORKER * target)`` of all the traces'
+    bytes go together (consecutive ones, up to that many bytes); the others, and URLs (whose
+    size is not known here), are a batch each.
+    """
+    limit = sum(sizes) / (BATCHES_PER_WORKER * target)
+    batches: list[list[_Task]] = []
+    totals: list[int] = []
+    joinable = False  # whether the last batch takes more small traces
+    for task, size in zip(tasks, sizes, strict=True):
+        small = not _is_url(task.source) and size < limit
+        if small and joinable and totals[-1] + size <= limit:
+            batches[-1].append(task)
+            totals[-1] += size
+        else:
+            batches.append([task])
+            totals.append(size)
+        joinable = small
+    return [tuple(b) for b in batches], totals

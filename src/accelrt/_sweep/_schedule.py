@@ -8,12 +8,12 @@ import contextlib
 import multiprocessing
 import signal
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ._model import SweepResult
 from ._plan import ProgressCallback, _Task
-from ._worker import _CANCELLED, _forget, _run_task
+from ._worker import _CANCELLED, _forget, _run_batch
 
 
 def _ignore_sigint() -> None:
@@ -76,12 +76,12 @@ def _start_pool(context: Any, workers: int) -> Any:
 
 def _run_local(
     scheduler: str,
-    tasks: list[_Task],
+    batches: list[tuple[_Task, ...]],
     sizes: list[int],
     workers: int,
-    progress: ProgressCallback | None,
+    counter: _Counter,
 ) -> list[SweepResult]:
-    sweep_id = tasks[0].sweep_id
+    sweep_id = batches[0][0].sweep_id
     pool = None
     try:
         # the fork server imports accelrt while this process imports Dask
@@ -94,13 +94,13 @@ def _run_local(
 
         # the local schedulers run ready tasks by key, highest first: number them so that the
         # largest traces start first and the small ones fill in at the end
-        order = sorted(range(len(tasks)), key=lambda i: (-sizes[i], i))
-        keys = {i: f"accelrt-sweep-{len(tasks) - rank:06d}" for rank, i in enumerate(order)}
+        order = sorted(range(len(batches)), key=lambda i: (-sizes[i], i))
+        keys = {i: f"accelrt-sweep-{len(batches) - rank:06d}" for rank, i in enumerate(order)}
         delayed = [
-            dask.delayed(_run_task, pure=False)(task, dask_key_name=keys[i])
-            for i, task in enumerate(tasks)
+            dask.delayed(_run_batch, pure=False)(batch, dask_key_name=keys[i])
+            for i, batch in enumerate(batches)
         ]
-        counter = _Counter(tasks, keys, progress)
+        counter.expect(batches, keys)
 
         class _Progress(Callback):  # type: ignore[misc]
             def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker: Any) -> None:
@@ -111,7 +111,6 @@ def _run_local(
             kwargs.update(pool=pool, chunksize=1)
         elif scheduler == "threads":
             kwargs.update(num_workers=workers)
-        counter.start()
         with _Progress():
             out = dask.compute(*delayed, **kwargs)
     except BaseException:
@@ -128,24 +127,44 @@ def _run_local(
 
 
 class _Counter:
-    """Combinations done, for the progress callback."""
+    """Combinations done, for the progress callback, and each task's rows handed to a sink
+    (the results file) as the task finishes, before the progress callback is called.
+
+    Parameters
+    ----------
+    progress : callable, optional
+        ``progress(done, total)``, in combinations.
+    sink : callable, optional
+        Called with each finished task's rows.
+    already : int
+        Combinations done before this run (a resumed sweep's), counted in ``done`` and ``total``.
+    """
 
     def __init__(
-        self, tasks: list[_Task], keys: Mapping[int, str], progress: ProgressCallback | None
+        self,
+        progress: ProgressCallback | None,
+        sink: Callable[[Sequence[SweepResult]], None] | None = None,
+        already: int = 0,
     ) -> None:
-        self.planned = {keys[i]: t.planned for i, t in enumerate(tasks)}
-        self.total = sum(self.planned.values())
-        self.count = 0
+        self.planned: dict[Any, int] = {}
+        self.total = self.count = already
         self.progress = progress
+        self.sink = sink
 
-    def start(self) -> None:
+    def expect(self, batches: list[tuple[_Task, ...]], keys: Mapping[int, str]) -> None:
+        """Count the batches of batches to run (by their keys) and report that nothing more is
+        done yet."""
+        self.planned = {keys[i]: sum(t.planned for t in batch) for i, batch in enumerate(batches)}
+        self.total += sum(self.planned.values())
         if self.progress is not None:
-            self.progress(0, self.total)
+            self.progress(self.count, self.total)
 
     def done(self, key: Any, rows: Sequence[SweepResult]) -> None:
         planned = self.planned.pop(key, None)
         if planned is None:
             return
+        if self.sink is not None:
+            self.sink(rows)
         self.total += len(rows) - planned  # a URL's snapshot adds its recorded setting
         self.count += len(rows)
         if self.progress is not None:
@@ -153,16 +172,16 @@ class _Counter:
 
 
 def _run_distributed(
-    client: Any, tasks: list[_Task], sizes: list[int], progress: ProgressCallback | None
+    client: Any, batches: list[tuple[_Task, ...]], sizes: list[int], counter: _Counter
 ) -> list[SweepResult]:
     from distributed import as_completed
 
-    keys = {i: f"accelrt-sweep-{t.sweep_id}-{i}" for i, t in enumerate(tasks)}
-    counter = _Counter(tasks, keys, progress)
-    counter.start()
+    sweep_id = batches[0][0].sweep_id
+    keys = {i: f"accelrt-sweep-{sweep_id}-{i}" for i in range(len(batches))}
+    counter.expect(batches, keys)
     futures = [
-        client.submit(_run_task, task, key=keys[i], pure=False, priority=sizes[i])
-        for i, task in enumerate(tasks)
+        client.submit(_run_batch, batch, key=keys[i], pure=False, priority=sizes[i])
+        for i, batch in enumerate(batches)
     ]
     try:
         for future in as_completed(futures, loop=client.loop):
@@ -173,5 +192,5 @@ def _run_distributed(
         raise
     finally:
         with contextlib.suppress(Exception):
-            client.run(_forget, tasks[0].sweep_id)  # the traces the workers keep loaded
+            client.run(_forget, sweep_id)  # the traces the workers keep loaded
     return [row for rows in results for row in rows]

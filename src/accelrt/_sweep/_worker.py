@@ -182,3 +182,8 @@ def _run_task(task: _Task) -> list[SweepResult]:
                     continue
                 rows.append(row(cap, report, min_capacity_bytes=needed))
     return rows
+
+
+def _run_batch(batch: tuple[_Task, ...]) -> list[SweepResult]:
+    """Run a batch of tasks (one Dask task: small traces together), one after the other."""
+    return [row for task in batch for row in _run_task(task)]

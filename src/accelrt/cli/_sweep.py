@@ -37,7 +37,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise InputError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'")
     if args.parquet and importlib.util.find_spec("pyarrow") is None:
         raise InputError(f"--parquet {args.parquet} needs pyarrow: pip install pyarrow")
-    for output in (args.csv, args.parquet, args.png):
+    for output in (args.csv, args.parquet, args.png, args.results_file):
         for trace in args.trace:
             if os.path.exists(trace):
                 _not_the_input(output, trace)
@@ -93,6 +93,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             start=args.start,
             scheduler_file=args.scheduler_file,
             on_connect=_print_dashboard,
+            results_file=args.results_file,
+            resume=args.resume,
         )
     if args.csv:
         write_csv(results, args.csv)
@@ -178,6 +180,21 @@ def _add_sweep_parser(sub: Any) -> None:
     )
     swp.add_argument(
         "--png", type=_output_arg("--png"), help="also draw peak reserved per setting and trace"
+    )
+    swp.add_argument(
+        "--results-file",
+        type=_output_arg("--results-file"),
+        metavar="PATH",
+        help="also append each combination's row to this JSON Lines file as its task finishes "
+        "(a header line, then one row a line), so that an interrupted sweep can be resumed; "
+        "refused if PATH already holds results, without --resume",
+    )
+    swp.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --results-file: replay only the combinations PATH does not hold yet (it must "
+        "come from the same traces, settings, capacities and options; a missing PATH starts "
+        "afresh); the output is the whole sweep's",
     )
     swp.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     swp.set_defaults(func=_cmd_sweep)
