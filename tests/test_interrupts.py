@@ -155,3 +155,62 @@ def test_ctrl_c_arrives_in_a_loop_of_public_calls(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("arrived after"), (done.stdout, done.stderr[-2000:])
+
+
+# Ctrl-C inside a finaliser: CPython drops an exception raised in one ("Exception ignored in"),
+# so a SIGINT landing in Stream.__del__ (an OpenCL queue finishing) or in a MemPool's
+# weakref.finalize callback was lost. Here the finaliser's work sends the SIGINT itself; it
+# must finish that work and the KeyboardInterrupt arrive at the statement after the `del`.
+_FINALISER = """
+import signal, sys
+import accelrt as acc
+acc.backends.use(sys.argv[1])
+acc.empty(1).free()  # the first allocator wraps the SIGINT handler
+done = []
+
+def ctrl_c_inside(owner, name):
+    original = getattr(owner, name)
+
+    def call(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # the handler runs before this returns
+        result = original(*args, **kwargs)
+        done.append(name)
+        return result
+
+    setattr(owner, name, call)
+{setup}
+try:
+    del victim
+    print("lost", done)
+except KeyboardInterrupt:
+    print("arrived", done)
+"""
+_FINALISERS = {
+    "Stream.__del__": """
+victim = acc.Stream()
+ctrl_c_inside(victim._backend, "stream_destroy")
+""",
+    "MemPool weakref.finalize": """
+victim = acc.memory.MemPool()
+with acc.memory.use_mem_pool(victim):
+    acc.empty(1 << 20).free()
+ctrl_c_inside(type(acc.memory.get_allocator()), "_release_dropped_pool_cache")
+""",
+}
+
+
+@pytest.mark.parametrize("finaliser", sorted(_FINALISERS))
+@pytest.mark.parametrize("backend", ["sim", "opencl"])
+def test_ctrl_c_inside_a_finaliser_arrives_after_it(
+    backend: str, finaliser: str, request: pytest.FixtureRequest
+) -> None:
+    request.getfixturevalue(backend)  # skips without an OpenCL device
+    script = _FINALISER.format(setup=_FINALISERS[finaliser])
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script, backend],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    finished = "stream_destroy" if finaliser.startswith("Stream") else "_release_dropped_pool_cache"
+    assert done.stdout == f"arrived [{finished!r}]\n", (done.stdout, done.stderr[-2000:])
+    assert "Exception ignored" not in done.stderr

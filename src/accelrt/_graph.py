@@ -22,6 +22,7 @@ from typing import Any
 from . import _runtime
 from ._stream import CAPTURING, Stream, current_stream
 from .backends._base import Backend, GraphCapture
+from .memory._atomic import finaliser
 from .memory._block import PoolId
 from .memory._core import CachingAllocator
 from .memory._pool import MemPool
@@ -382,6 +383,7 @@ class Graph:
         with contextlib.suppress(Exception):  # the block's exception says more
             self.capture_end()
 
+    @finaliser  # a Ctrl-C inside it arrives after it (memory/_atomic.py)
     def __del__(self) -> None:
         try:
             if not self._capturing:

@@ -16,6 +16,7 @@ from . import _runtime
 from ._compiled import load
 from ._device import Device, DeviceLike
 from .backends._base import Backend, StreamOps, bind_stream
+from .memory._atomic import finaliser
 
 __all__ = ["Event", "Stream", "current_stream", "set_stream"]
 
@@ -350,6 +351,7 @@ class Stream(_StreamBase):
     def __repr__(self) -> str:
         return f"Stream(device={self.device!s}, handle={self._handle:#x})"
 
+    @finaliser  # a Ctrl-C while the queue finishes arrives after it (memory/_atomic.py)
     def __del__(self) -> None:
         try:
             if self._owned:

@@ -18,6 +18,15 @@ a ``finally`` of their own. Exceptions other than signals (backend errors, out o
 raised where nothing has changed yet or the state is consistent; docs/reliability.md lists
 them.
 
+*Finalisers* (``__del__`` methods, ``weakref.finalize`` callbacks, whatever the garbage
+collector runs) are the other place where a signal must wait: CPython prints an exception
+raised in one ("Exception ignored in ...") and drops it, so a Ctrl-C landing in
+``Stream.__del__`` was lost. Their code objects are registered with :func:`finaliser`
+(``weakref.finalize.__call__`` always is). A SIGINT inside one, with no atomic function below
+it on the stack, is handed on at once (as :func:`deliver` does), so it arrives at the first
+bytecode of the code the finaliser interrupted; with an atomic function below, that function
+delivers it as it returns, as for any signal inside it.
+
 The handler wraps whatever Python handler is in place when the first allocator is made on the
 main thread (the default raises KeyboardInterrupt). A handler the program installs later
 replaces it, and then interrupts are no longer deferred.
@@ -30,11 +39,12 @@ import functools
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, TypeVar, cast
 
-__all__ = ["PENDING", "atomic", "deliver", "protect_sigint", "register"]
+__all__ = ["PENDING", "atomic", "deliver", "finaliser", "protect_sigint", "register"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,7 +59,8 @@ class _Pending:
 
 
 PENDING = _Pending()
-_atomic_code: set[CodeType] = set()
+_atomic_code: set[CodeType] = set()  # atomic functions and finalisers: delivery waits for both
+_finaliser_code: set[CodeType] = set()  # finalisers only
 _wrapped: list[Any] = []  # the handler in place when ours was installed
 
 
@@ -57,6 +68,19 @@ def register(func: F) -> F:
     """Mark ``func`` atomic; it must test ``PENDING.flag`` (and :func:`deliver`) as it returns."""
     _atomic_code.add(func.__code__)
     return func
+
+
+def finaliser(func: F) -> F:
+    """Mark ``func`` a finaliser (a ``__del__``, or a callback the garbage collector runs): a
+    SIGINT inside it arrives at the first bytecode of the code it interrupted, not lost as an
+    exception raised in a finaliser is. Nothing is wrapped: it needs no check of its own."""
+    _atomic_code.add(func.__code__)
+    _finaliser_code.add(func.__code__)
+    return func
+
+
+# the Python frame between the garbage collector and every weakref.finalize callback
+finaliser(weakref.finalize.__call__)
 
 
 def deliver() -> None:
@@ -70,10 +94,15 @@ def deliver() -> None:
     traces the program, the signal is sent again from a helper thread.
     """
     PENDING.flag = False
+    _deliver_after(sys._getframe(1))
+
+
+def _deliver_after(frame: FrameType | None) -> None:
+    """Run the wrapped handler at the first bytecode outside every atomic function and
+    finaliser that ``frame`` and its callers run (see :func:`deliver`)."""
     if threading.current_thread() is not threading.main_thread() or sys.gettrace() is not None:
         _thread.start_new_thread(_thread.interrupt_main, ())
         return
-    frame: FrameType | None = sys._getframe(1)
     traced: list[FrameType] = []
 
     def on_event(where: FrameType, event: str, arg: Any) -> Any:
@@ -118,8 +147,18 @@ def atomic(func: F) -> F:
 
 
 def _deferring_handler(signum: int, frame: FrameType | None) -> Any:
-    if _inside_atomic(frame):
-        PENDING.flag = True
+    in_finaliser = False
+    where = frame
+    while where is not None:
+        code = where.f_code
+        if code in _atomic_code:
+            if code not in _finaliser_code:  # it delivers as it returns
+                PENDING.flag = True
+                return None
+            in_finaliser = True
+        where = where.f_back
+    if in_finaliser:  # raised here, the KeyboardInterrupt would be dropped with the finaliser
+        _deliver_after(frame)
         return None
     return _wrapped[0](signum, frame)
 
