@@ -208,6 +208,42 @@ class Backend(Protocol):
         """Block until all work on every stream of the device has completed."""
 
 
+class NoVirtualMemory:
+    """The ``vm_*`` half of :class:`Backend` for a backend without virtual memory.
+
+    ``supports_virtual_memory`` is False and every ``vm_*`` method raises
+    ``NotImplementedError`` with :attr:`no_vmm_reason`, which the backend sets to say why
+    (the allocator then uses ordinary segments, with a warning where expandable segments were
+    asked for).
+    """
+
+    no_vmm_reason = "this backend has no virtual-memory API"
+
+    def supports_virtual_memory(self) -> bool:
+        """False: see :attr:`no_vmm_reason`."""
+        return False
+
+    def vm_granularity(self, index: int) -> int:
+        """Not available; raises ``NotImplementedError`` naming :attr:`no_vmm_reason`."""
+        raise NotImplementedError(self.no_vmm_reason)
+
+    def vm_reserve(self, index: int, nbytes: int) -> int:
+        """Not available; raises ``NotImplementedError`` naming :attr:`no_vmm_reason`."""
+        raise NotImplementedError(self.no_vmm_reason)
+
+    def vm_release(self, index: int, address: int) -> None:
+        """Not available; raises ``NotImplementedError`` naming :attr:`no_vmm_reason`."""
+        raise NotImplementedError(self.no_vmm_reason)
+
+    def vm_map(self, index: int, address: int, nbytes: int) -> None:
+        """Not available; raises ``NotImplementedError`` naming :attr:`no_vmm_reason`."""
+        raise NotImplementedError(self.no_vmm_reason)
+
+    def vm_unmap(self, index: int, address: int, nbytes: int) -> None:
+        """Not available; raises ``NotImplementedError`` naming :attr:`no_vmm_reason`."""
+        raise NotImplementedError(self.no_vmm_reason)
+
+
 @runtime_checkable
 class GraphCapture(Protocol):
     """The optional graph-capture capability (``accelrt.Graph``); the ``cuda`` backend has it.

@@ -32,11 +32,16 @@ from typing import TYPE_CHECKING, Any
 from .._compiled import load
 from .._device import DeviceProperties
 from .._errors import AcceleratorError
-from ._base import BackendOutOfMemory, QueueStreamOps, dtypes, visible_devices
+from ._base import (
+    BackendOutOfMemory,
+    NoVirtualMemory,
+    QueueStreamOps,
+    dtypes,
+    visible_devices,
+)
 
 __all__ = ["OpenCLBackend", "OpenCLEvent"]
 
-_NO_VMM = "OpenCL has no API to reserve address space and map pages into it (virtual memory)"
 
 # CL_OUT_OF_RESOURCES, CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_OUT_OF_HOST_MEMORY,
 # CL_INVALID_BUFFER_SIZE: what clSVMAlloc reports when a request cannot be met.
@@ -344,7 +349,7 @@ class _CLStream(_SVMStream):
         self.unscanned = 0
 
 
-class OpenCLBackend:
+class OpenCLBackend(NoVirtualMemory):
     """The ``opencl`` backend: every OpenCL device with coarse-grained SVM, GPUs first.
 
     Notes
@@ -354,6 +359,10 @@ class OpenCLBackend:
     ``is_available`` and ``device_count`` enumerate platforms without creating a context.
     Thread-safe: one lock guards the lazy per-device state.
     """
+
+    no_vmm_reason = (
+        "OpenCL has no API to reserve address space and map pages into it (virtual memory)"
+    )
 
     name = "opencl"
 
@@ -433,30 +442,6 @@ class OpenCLBackend:
         if "cl_khr_fp16" in dev.extensions.split():
             names.append("float16")
         return dtypes(names)
-
-    def supports_virtual_memory(self) -> bool:
-        """False: OpenCL has no API to reserve address space and map pages."""
-        return False
-
-    def vm_granularity(self, index: int) -> int:
-        """Not available: OpenCL has no virtual-memory API."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_reserve(self, index: int, nbytes: int) -> int:
-        """Not available: OpenCL has no virtual-memory API."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_release(self, index: int, address: int) -> None:
-        """Not available: OpenCL has no virtual-memory API."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_map(self, index: int, address: int, nbytes: int) -> None:
-        """Not available: OpenCL has no virtual-memory API."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_unmap(self, index: int, address: int, nbytes: int) -> None:
-        """Not available: OpenCL has no virtual-memory API."""
-        raise NotImplementedError(_NO_VMM)
 
     def _dev(self, index: int) -> _CLDevice:
         state = self._state.get(index)

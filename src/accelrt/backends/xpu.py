@@ -43,17 +43,13 @@ from typing import Any
 
 from .._device import DeviceProperties
 from .._errors import AcceleratorError
-from ._base import BackendOutOfMemory, dtypes, visible_devices
+from ._base import BackendOutOfMemory, NoVirtualMemory, dtypes, visible_devices
 
 __all__ = ["INSTALL_HINT", "XPUBackend", "XPUEvent", "setup_icd"]
 
 INSTALL_HINT = "pip install 'accelrt[xpu]'"
 """How to install what the backend needs (dpctl and Intel's OpenCL CPU runtime)."""
 
-_NO_VMM = (
-    "SYCL has no virtual-memory API that dpctl reaches (Level Zero's zeVirtualMemReserve and "
-    "zeVirtualMemMap are not wrapped by dpctl 0.22)"
-)
 
 # how many cached dpctl views of device memory ranges a device keeps (see _XPUDevice.view)
 _VIEW_CACHE_SIZE = 4096
@@ -339,7 +335,7 @@ def _memset_lib(dpctl: Any) -> Any:
     return _dpctl_lib[0]
 
 
-class XPUBackend:
+class XPUBackend(NoVirtualMemory):
     """The ``xpu`` backend: SYCL devices through dpctl, GPUs first, else the CPU device.
 
     Notes
@@ -348,6 +344,11 @@ class XPUBackend:
     runtime creates no context for that); importing accelrt imports no dpctl. Thread-safe: one
     lock guards the lazy per-device state. ``ACCELRT_VISIBLE_DEVICES`` indexes the order.
     """
+
+    no_vmm_reason = (
+        "SYCL has no virtual-memory API that dpctl reaches (Level Zero's zeVirtualMemReserve and "
+        "zeVirtualMemMap are not wrapped by dpctl 0.22)"
+    )
 
     name = "xpu"
 
@@ -480,30 +481,6 @@ class XPUBackend:
         if dev.has_aspect_fp16:
             names.append("float16")
         return dtypes(names)
-
-    def supports_virtual_memory(self) -> bool:
-        """False: dpctl reaches no virtual-memory API (see the module notes)."""
-        return False
-
-    def vm_granularity(self, index: int) -> int:
-        """Not available (see ``supports_virtual_memory``); raises ``NotImplementedError``."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_reserve(self, index: int, nbytes: int) -> int:
-        """Not available (see ``supports_virtual_memory``); raises ``NotImplementedError``."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_release(self, index: int, address: int) -> None:
-        """Not available (see ``supports_virtual_memory``); raises ``NotImplementedError``."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_map(self, index: int, address: int, nbytes: int) -> None:
-        """Not available (see ``supports_virtual_memory``); raises ``NotImplementedError``."""
-        raise NotImplementedError(_NO_VMM)
-
-    def vm_unmap(self, index: int, address: int, nbytes: int) -> None:
-        """Not available (see ``supports_virtual_memory``); raises ``NotImplementedError``."""
-        raise NotImplementedError(_NO_VMM)
 
     def _dev(self, index: int) -> _XPUDevice:
         state = self._state.get(index)
