@@ -349,23 +349,8 @@ class _BufferAPI(MemoryHandle):
         uses the memory on another stream, ``accelrt.record_stream`` it before freeing, as
         for any buffer.
         """
-        stream = self._stream
-        if stream._backend.name != "cuda":
-            raise AttributeError(
-                f"memory of {stream.device} is not CUDA memory (no __cuda_array_interface__)"
-            )
-        if self.nbytes:
-            self.block  # noqa: B018 (raises ValueError if freed)
-            handle: Any = self  # _pin is a field of each core's Buffer
-            handle._pin = self._export_pin()  # held by the buffer: its consumers hold it
-        return {
-            "shape": (self.nbytes,),
-            "typestr": "|u1",
-            "data": (self.ptr, False),
-            "strides": None,
-            "version": 3,
-            "stream": stream._handle or 1,
-        }
+        stream = self._interface_stream("cuda", "__cuda_array_interface__")
+        return {**self._pinned_array_interface(version=3), "stream": stream._handle or 1}
 
     @property
     def __sycl_usm_array_interface__(self) -> dict[str, Any]:
@@ -391,12 +376,24 @@ class _BufferAPI(MemoryHandle):
         consumer submits to another queue must be ordered after the buffer's stream (the
         interface carries no stream); ``accelrt.record_stream`` it before freeing.
         """
-        stream = self._stream
-        if stream._backend.name != "xpu":
-            raise AttributeError(
-                f"memory of {stream.device} is not XPU memory (no __sycl_usm_array_interface__)"
-            )
+        stream = self._interface_stream("xpu", "__sycl_usm_array_interface__")
         queue = stream._backend.queue(stream._index, stream._handle)  # type: ignore[attr-defined]
+        return {**self._pinned_array_interface(version=1), "syclobj": queue}
+
+    def _interface_stream(self, backend: str, interface: str) -> Stream:
+        """The buffer's stream, if its memory is ``backend``'s; else ``AttributeError`` naming
+        ``interface`` (so that ``hasattr(buf, interface)`` is False there)."""
+        stream = self._stream
+        if stream._backend.name != backend:
+            raise AttributeError(
+                f"memory of {stream.device} is not {backend.upper()} memory (no {interface})"
+            )
+        return stream
+
+    def _pinned_array_interface(self, version: int) -> dict[str, Any]:
+        """The fields the CUDA and SYCL USM array interfaces share: the memory as a writable,
+        C-contiguous 1-D ``uint8`` array. Pins the block to the buffer first (it outlives
+        ``free()`` until the buffer is collected); ``ValueError`` if the buffer was freed."""
         if self.nbytes:
             self.block  # noqa: B018 (raises ValueError if freed)
             handle: Any = self  # _pin is a field of each core's Buffer
@@ -406,8 +403,7 @@ class _BufferAPI(MemoryHandle):
             "typestr": "|u1",
             "data": (self.ptr, False),
             "strides": None,
-            "version": 1,
-            "syclobj": queue,
+            "version": version,
         }
 
     def __dlpack_device__(self) -> tuple[int, int]:
