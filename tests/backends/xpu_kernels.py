@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from accelrt.backends.xpu import _USMRange  # a USM range as dpctl reads it (no export pin)
+
 SOURCE = """
 __kernel void slow_fill(__global uchar *out, uchar value, uint iterations) {
     size_t i = get_global_id(0);
@@ -35,20 +37,6 @@ def _kernel(queue: Any) -> Any:
     return program.get_sycl_kernel("slow_fill")
 
 
-class _Range:
-    """``[ptr, ptr + nbytes)`` of USM memory as dpctl reads it (no accelrt export pin)."""
-
-    def __init__(self, ptr: int, nbytes: int, queue: Any) -> None:
-        self.__sycl_usm_array_interface__ = {
-            "data": (ptr, False),
-            "shape": (nbytes,),
-            "strides": None,
-            "typestr": "|u1",
-            "version": 1,
-            "syclobj": queue,
-        }
-
-
 def slow_fill(queue: Any, ptr: int, nbytes: int, value: int, iterations: int) -> Any:
     """Submit ``slow_fill`` on ``queue``: ``nbytes`` bytes of USM memory at address ``ptr`` set
     to ``value`` after ``iterations`` rounds of arithmetic per byte. Returns the kernel's
@@ -60,7 +48,7 @@ def slow_fill(queue: Any, ptr: int, nbytes: int, value: int, iterations: int) ->
     import dpctl.memory
 
     kernel = _kernel(queue)
-    usm = dpctl.memory.as_usm_memory(_Range(ptr, nbytes, queue))
+    usm = dpctl.memory.as_usm_memory(_USMRange(ptr, nbytes, queue))
     return queue.submit_async(
         kernel, [usm, ctypes.c_uint8(value), ctypes.c_uint32(iterations)], [nbytes]
     )
