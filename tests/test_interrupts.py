@@ -142,17 +142,22 @@ _BODIES = {
 }
 
 
+def _run(script: str, backend: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter with ``backend`` as its argument (signals go to
+    that process alone)."""
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script, backend],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("body", sorted(_BODIES))
 @pytest.mark.parametrize("backend", ["sim", "opencl"])
 def test_ctrl_c_arrives_in_a_loop_of_public_calls(
     backend: str, body: str, request: pytest.FixtureRequest
 ) -> None:
     request.getfixturevalue(backend)  # skips without an OpenCL device
-    script = _LOOP.format(body=_BODIES[body])
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", script, backend],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = _run(_LOOP.format(body=_BODIES[body]), backend)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("arrived after"), (done.stdout, done.stderr[-2000:])
 
@@ -205,11 +210,7 @@ def test_ctrl_c_inside_a_finaliser_arrives_after_it(
     backend: str, finaliser: str, request: pytest.FixtureRequest
 ) -> None:
     request.getfixturevalue(backend)  # skips without an OpenCL device
-    script = _FINALISER.format(setup=_FINALISERS[finaliser])
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", script, backend],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = _run(_FINALISER.format(setup=_FINALISERS[finaliser]), backend)
     assert done.returncode == 0, done.stderr
     finished = "stream_destroy" if finaliser.startswith("Stream") else "_release_dropped_pool_cache"
     assert done.stdout == f"arrived [{finished!r}]\n", (done.stdout, done.stderr[-2000:])
