@@ -16,12 +16,13 @@ handle up; :func:`bind_stream` gives every other backend an adapter over its met
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
 import warnings
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -206,6 +207,29 @@ class Backend(Protocol):
 
     def synchronize(self, index: int) -> None:
         """Block until all work on every stream of the device has completed."""
+
+
+def map_driver_errors(
+    cls: type, names: Iterable[str], translate: Callable[[str, Exception], None]
+) -> None:
+    """Wrap each method ``names`` of backend class ``cls`` so that an exception it raises goes
+    through ``translate(name, exc)`` first: ``translate`` raises the ``AcceleratorError`` for
+    an error of the backend's library and returns for anything else, which then propagates as
+    it is. (Hot paths call ``translate`` inline instead: a wrapper costs a call per call.)"""
+
+    def wrapped(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                translate(method.__name__, exc)
+                raise
+
+        return call
+
+    for name in names:
+        setattr(cls, name, wrapped(getattr(cls, name)))
 
 
 class NoVirtualMemory:

@@ -37,6 +37,7 @@ from ._base import (
     NoVirtualMemory,
     QueueStreamOps,
     dtypes,
+    map_driver_errors,
     visible_devices,
 )
 
@@ -133,7 +134,7 @@ def _raise_driver_error(call: str, exc: Exception) -> None:
     """Raise ``AcceleratorError`` from ``exc`` if PyOpenCL raised it; return otherwise.
 
     The hot paths map errors inline with this (``except Exception as exc:
-    _raise_driver_error(name, exc); raise``) instead of through ``_as_accelerator_errors``,
+    _raise_driver_error(name, exc); raise``) instead of through ``map_driver_errors``' wrapper,
     which costs a call per call.
     """
     if type(exc).__module__.partition(".")[0] == "pyopencl":
@@ -738,27 +739,6 @@ class _CLHostMemory:
 _DRIVER_CALLS = (
     "malloc", "free", "stream_create", "stream_destroy", "stream_wait_event",
     "event_elapsed_ms", "memset_async", "synchronize",
+    "host_alloc", "host_free",  # the host allocator's calls
 )  # fmt: skip
-
-
-def _as_accelerator_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Let ``pyopencl.Error`` out of ``method`` as ``AcceleratorError`` with the driver's text."""
-
-    @functools.wraps(method)
-    def call(self: OpenCLBackend, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            _raise_driver_error(method.__name__, exc)
-            raise
-
-    return call
-
-
-for _name in _DRIVER_CALLS:
-    setattr(OpenCLBackend, _name, _as_accelerator_errors(getattr(OpenCLBackend, _name)))
-del _name
-
-for _name in ("host_alloc", "host_free"):  # the host allocator's calls
-    setattr(OpenCLBackend, _name, _as_accelerator_errors(getattr(OpenCLBackend, _name)))
-del _name
+map_driver_errors(OpenCLBackend, _DRIVER_CALLS, _raise_driver_error)

@@ -38,12 +38,17 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from .._device import DeviceProperties
 from .._errors import AcceleratorError
-from ._base import BackendOutOfMemory, NoVirtualMemory, dtypes, visible_devices
+from ._base import (
+    BackendOutOfMemory,
+    NoVirtualMemory,
+    dtypes,
+    map_driver_errors,
+    visible_devices,
+)
 
 __all__ = ["INSTALL_HINT", "XPUBackend", "XPUEvent", "setup_icd"]
 
@@ -777,23 +782,4 @@ _DRIVER_CALLS = (
     "malloc", "free", "stream_create", "stream_destroy", "stream_wait_event",
     "event_elapsed_ms", "memset_async", "synchronize", "host_alloc", "host_free",
 )  # fmt: skip
-
-
-def _as_accelerator_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Let dpctl's errors out of ``method`` as ``AcceleratorError`` with the runtime's text."""
-    import functools
-
-    @functools.wraps(method)
-    def call(self: XPUBackend, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            _raise_driver_error(method.__name__, exc)
-            raise
-
-    return call
-
-
-for _name in _DRIVER_CALLS:
-    setattr(XPUBackend, _name, _as_accelerator_errors(getattr(XPUBackend, _name)))
-del _name
+map_driver_errors(XPUBackend, _DRIVER_CALLS, _raise_driver_error)
