@@ -12,8 +12,9 @@ and the HTML page escapes as HTML.
 from __future__ import annotations
 
 import re
+from typing import Any
 
-__all__ = ["printable"]
+__all__ = ["error_line", "one_line", "printable", "shown"]
 
 _OTHERS = r"\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 """DEL (U+007F), C1 (U+0080-U+009F), the bidirectional embeddings and overrides
@@ -58,3 +59,19 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     if pattern.search(text) is None:
         return text
     return pattern.sub(_escape, text)
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters for messages."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) as one space."""
+    return " ".join(text.split())
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception's message on one line, or its type's name where the message is empty."""
+    return one_line(str(exc)) or type(exc).__name__

@@ -30,6 +30,7 @@ from typing import Any
 
 from .._errors import InputError
 from .._start_state import check_start
+from .._text import shown
 from ..memory._config import RECORDED, AllocatorConfig
 from ._capacity import GRANULARITY as GRANULARITY
 from ._capacity import LARGEST_CAPACITY as LARGEST_CAPACITY
@@ -58,7 +59,6 @@ from ._plan import (
 )
 from ._resume import _ResultsFile
 from ._schedule import _Counter, _run_distributed, _run_local
-from ._text import _shown
 
 __all__ = [
     "GRANULARITY",
@@ -219,23 +219,23 @@ def sweep(
     if num_workers is not None and (
         isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
     ):
-        raise ValueError(f"num_workers must be a whole number >= 1, got {_shown(num_workers)}")
+        raise ValueError(f"num_workers must be a whole number >= 1, got {shown(num_workers)}")
     if device_index is not None and (
         isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0
     ):
-        raise ValueError(f"device_index must be a whole number >= 0, got {_shown(device_index)}")
+        raise ValueError(f"device_index must be a whole number >= 0, got {shown(device_index)}")
     if isinstance(connect_timeout, bool) or not (
         isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < math.inf
     ):
-        raise ValueError(f"connect_timeout must be seconds > 0, got {_shown(connect_timeout)}")
+        raise ValueError(f"connect_timeout must be seconds > 0, got {shown(connect_timeout)}")
     check_start(start)  # here, before any worker starts
     env_capacity = _env_capacity()
     if importlib.util.find_spec("dask") is None:  # imported later, while workers start
         raise ImportError("accelrt sweep needs Dask: pip install 'accelrt[sweep]'", name="dask")
     if scheduler_file is not None and scheduler is not None:
         raise InputError(
-            f"give a scheduler or a scheduler file, not both (scheduler {_shown(scheduler)}, "
-            f"scheduler_file {_shown(scheduler_file)})"
+            f"give a scheduler or a scheduler file, not both (scheduler {shown(scheduler)}, "
+            f"scheduler_file {shown(scheduler_file)})"
         )
     if resume and results_file is None:
         raise InputError("resume needs a results file to continue (results_file, --results-file)")

@@ -10,7 +10,7 @@ import socket
 from typing import Any
 
 from .._errors import InputError
-from ._text import _one_line, _shown
+from .._text import one_line, shown
 
 SCHEDULERS = ("processes", "threads", "synchronous")
 """The local Dask schedulers ``scheduler=`` names; anything else must be ``tcp://HOST:PORT``."""
@@ -32,7 +32,7 @@ def _check_scheduler(scheduler: Any) -> str | Any:
         if type(scheduler).__name__ == "Client" and hasattr(scheduler, "submit"):
             return scheduler
         raise TypeError(
-            f"scheduler must be a string or a dask.distributed Client, got {_shown(scheduler)}"
+            f"scheduler must be a string or a dask.distributed Client, got {shown(scheduler)}"
         )
     text = scheduler.strip()
     if text in SCHEDULERS:
@@ -41,12 +41,12 @@ def _check_scheduler(scheduler: Any) -> str | Any:
         match = _ADDRESS_RE.fullmatch(text)
         if match is None or not 0 < int(match.group(3)) < 65536:
             raise InputError(
-                f"invalid scheduler address {_shown(scheduler)}: expected tcp://HOST:PORT with "
+                f"invalid scheduler address {shown(scheduler)}: expected tcp://HOST:PORT with "
                 "a port from 1 to 65535, such as tcp://127.0.0.1:8786"
             )
         return text
     raise InputError(
-        f"unknown scheduler {_shown(scheduler)}: give processes, threads, synchronous or the "
+        f"unknown scheduler {shown(scheduler)}: give processes, threads, synchronous or the "
         "address of a dask.distributed scheduler, tcp://HOST:PORT"
     )
 
@@ -96,7 +96,7 @@ def _check_versions(client: Any) -> None:
     except ValueError as exc:
         raise InputError(
             f"the Dask scheduler or workers at {client.scheduler.address} run other versions "
-            f"than this client; install the same ones there: {_one_line(str(exc))}"
+            f"than this client; install the same ones there: {one_line(str(exc))}"
         ) from None
 
 

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._errors import InputError
+from .._text import shown
 from ..memory._config import AllocatorConfig, Setting
-from ._text import _shown
 
 
 def _setting(value: Any, where: str, source: str) -> Setting:
@@ -24,7 +24,7 @@ def _setting(value: Any, where: str, source: str) -> Setting:
     try:
         return Setting(AllocatorConfig.coerce(value), source)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{exc} (in {where} {_shown(value)})") from None
+        raise type(exc)(f"{exc} (in {where} {shown(value)})") from None
 
 
 def _split_values(text: str) -> list[str]:
@@ -66,11 +66,11 @@ def parse_grid(spec: str) -> tuple[str, list[str]]:
     key = key.strip()
     if not sep or not key or not rest.strip():
         raise InputError(
-            f"a grid is KEY=V1,V2,..., such as max_split_size_mb=128,256; got {_shown(spec)}"
+            f"a grid is KEY=V1,V2,..., such as max_split_size_mb=128,256; got {shown(spec)}"
         )
     values = _split_values(rest)
     if any(not v for v in values):
-        raise InputError(f"grid {_shown(spec)} has an empty value; separate values with one comma")
+        raise InputError(f"grid {shown(spec)} has an empty value; separate values with one comma")
     return key, values
 
 
@@ -89,10 +89,10 @@ def _candidates(configs: Sequence[Any], grid: Sequence[tuple[str, Sequence[Any]]
     checked: list[tuple[str, list[Any]]] = []
     for key, values in grid:
         if not isinstance(key, str) or not key.strip():
-            raise ValueError(f"a grid key must be a setting's name, got {_shown(key)}")
+            raise ValueError(f"a grid key must be a setting's name, got {shown(key)}")
         if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
             raise TypeError(
-                f"grid {key!r}: give a list of values, such as [128, 256], got {_shown(values)}"
+                f"grid {key!r}: give a list of values, such as [128, 256], got {shown(values)}"
             )
         checked.append((key.strip(), list(values)))
         if not checked[-1][1]:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import InputError
+from .._text import shown
 from .._units import parse_bytes
 from ..memory._config import RECORDED, Setting
-from ._text import _shown
 
 if TYPE_CHECKING:
     from ._resume import _ResultsFile
@@ -41,14 +41,14 @@ def _check_traces(traces: Any) -> list[str]:
     if isinstance(traces, (str, os.PathLike)):
         traces = [traces]
     if isinstance(traces, (bytes, bytearray)) or not isinstance(traces, Iterable):
-        raise TypeError(f"traces must be a path, a URL or a list of them, got {_shown(traces)}")
+        raise TypeError(f"traces must be a path, a URL or a list of them, got {shown(traces)}")
     paths = []
     for t in traces:
         if not isinstance(t, (str, os.PathLike)):
-            raise TypeError(f"a trace must be a path or a URL (str), got {_shown(t)}")
+            raise TypeError(f"a trace must be a path or a URL (str), got {shown(t)}")
         text = os.fspath(t)
         if not isinstance(text, str) or not text.strip():
-            raise InputError(f"a trace name is empty ({_shown(text)}); give a path or a URL")
+            raise InputError(f"a trace name is empty ({shown(text)}); give a path or a URL")
         paths.append(text)
     if not paths:
         raise ValueError("no traces given; give at least one path or URL")

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._errors import InputError
+from .._text import shown
 from ..replay import OomRecord, ReplayReport
 from ._model import SweepResult
-from ._text import _shown
 
 _FORMAT = "accelrt sweep results"
 _VERSION = 1
@@ -102,8 +102,8 @@ class _ResultsFile:
         for key, ours in self.header.items():
             if theirs.get(key) != json.loads(json.dumps(ours)):
                 raise InputError(
-                    f"{self.path} holds another sweep's results ({key} {_shown(theirs.get(key))}"
-                    f", this sweep's {_shown(ours)}); resume with the same arguments, or give a "
+                    f"{self.path} holds another sweep's results ({key} {shown(theirs.get(key))}"
+                    f", this sweep's {shown(ours)}); resume with the same arguments, or give a "
                     "new file"
                 )
 
@@ -114,7 +114,7 @@ class _ResultsFile:
                 rows.append(_row_from(json.loads(line)))
             except (ValueError, TypeError, KeyError, AttributeError):
                 raise InputError(
-                    f"{self.path} line {number} is not a sweep result ({_shown(line)}); give "
+                    f"{self.path} line {number} is not a sweep result ({shown(line)}); give "
                     "another file"
                 ) from None
         return rows

@@ -13,12 +13,12 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from .._errors import InputError
+from .._text import one_line
 from ..memory._config import RECORDED, Setting
 from ..replay import replay
 from ._capacity import _min_capacity
 from ._model import SweepResult
 from ._plan import _is_url, _local_kind, _Task
-from ._text import _one_line
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -57,7 +57,7 @@ def _error_text(shown: str, exc: BaseException) -> str:
             f"{shown}: internal error {type(exc).__name__}: {exc} (a bug in accelrt, not a "
             "problem with this trace; please report it)"
         )
-    return _one_line(text)
+    return one_line(text)
 
 
 def _read(task: _Task) -> list[Trace]:

@@ -42,6 +42,7 @@ from typing import Any
 
 from .._device import DeviceProperties
 from .._errors import AcceleratorError
+from .._text import error_line
 from ._base import (
     BackendOutOfMemory,
     NoVirtualMemory,
@@ -106,10 +107,6 @@ def _import_dpctl() -> Any:
     return dpctl
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def _describe(device: Any) -> str:
     """A SYCL device in words: its filter string and name (a sub-device has no filter)."""
     try:
@@ -122,7 +119,7 @@ def _describe(device: Any) -> str:
 def _raise_driver_error(call: str, exc: Exception) -> None:
     """Raise ``AcceleratorError`` from ``exc`` if dpctl (or SYCL) raised it; return otherwise."""
     if type(exc).__module__.partition(".")[0] == "dpctl":
-        raise AcceleratorError(f"SYCL {call} failed: {_one_line(exc)}") from exc
+        raise AcceleratorError(f"SYCL {call} failed: {error_line(exc)}") from exc
 
 
 class _USMRange:
@@ -370,13 +367,13 @@ class XPUBackend(NoVirtualMemory):
         try:
             dpctl = _import_dpctl()
         except ImportError as exc:
-            return [], f"dpctl is not installed ({INSTALL_HINT}): {_one_line(exc)}"
+            return [], f"dpctl is not installed ({INSTALL_HINT}): {error_line(exc)}"
         except Exception as exc:
-            return [], f"dpctl could not be imported: {_one_line(exc)}"
+            return [], f"dpctl could not be imported: {error_line(exc)}"
         try:
             every = list(dpctl.get_devices())
         except Exception as exc:
-            return [], f"the SYCL runtime found no devices: {_one_line(exc)}"
+            return [], f"the SYCL runtime found no devices: {error_line(exc)}"
         usable = [d for d in every if d.has_aspect_usm_device_allocations]
         gpus = [d for d in usable if d.is_gpu]
         if gpus:  # one backend's GPUs: Level Zero's where both list them
@@ -519,10 +516,10 @@ class XPUBackend(NoVirtualMemory):
         try:
             memory = state.dpctl.memory.MemoryUSMDevice(nbytes, queue=state.streams[0].queue)
         except MemoryError as exc:
-            raise BackendOutOfMemory(f"xpu:{index}: {nbytes} bytes: {_one_line(exc)}") from exc
+            raise BackendOutOfMemory(f"xpu:{index}: {nbytes} bytes: {error_line(exc)}") from exc
         except Exception as exc:
             if "alloc" in str(exc).lower():  # dpctl's USMAllocationError
-                raise BackendOutOfMemory(f"xpu:{index}: {_one_line(exc)}") from exc
+                raise BackendOutOfMemory(f"xpu:{index}: {error_line(exc)}") from exc
             raise
         ptr = int(memory.__sycl_usm_array_interface__["data"][0])
         state.allocations[ptr] = memory
@@ -762,7 +759,7 @@ class XPUBackend(NoVirtualMemory):
             raise BackendOutOfMemory(f"xpu:{index}: {nbytes} host bytes: {exc}") from exc
         except Exception as exc:
             if "alloc" in str(exc).lower():
-                raise BackendOutOfMemory(f"xpu:{index}: {_one_line(exc)}") from exc
+                raise BackendOutOfMemory(f"xpu:{index}: {error_line(exc)}") from exc
             raise
         ptr = int(memory.__sycl_usm_array_interface__["data"][0])
         with self._lock:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .._errors import InputError
-from .._text import printable
+from .._text import printable, shown
 from .._units import parse_bytes
 
 if TYPE_CHECKING:
@@ -33,16 +33,6 @@ _DEVICE_RE = re.compile(r"([a-z_][a-z0-9_]*)(?::([0-9]+))?", re.ASCII)
 _INDEX_RE = re.compile(r"[0-9]+", re.ASCII)
 
 
-def _shown(value: str) -> str:
-    """``repr(value)``, cut short for messages."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _device_arg(text: str) -> str:
     value = text.strip()
     if not value:
@@ -52,13 +42,13 @@ def _device_arg(text: str) -> str:
     match = _DEVICE_RE.fullmatch(value)
     if match is None:
         raise argparse.ArgumentTypeError(
-            f"invalid device {_shown(text)}: expected TYPE or TYPE:INDEX in ASCII, such as "
+            f"invalid device {shown(text)}: expected TYPE or TYPE:INDEX in ASCII, such as "
             "'sim', 'sim:1' or 'opencl:0'"
         )
     index = match.group(2)
     if index is not None and (len(index) > 6 or int(index) > MAX_DEVICE_INDEX):
         raise argparse.ArgumentTypeError(
-            f"device index {_shown(index)} of {match.group(1)!r} is too large: indices run from "
+            f"device index {shown(index)} of {match.group(1)!r} is too large: indices run from "
             f"0 to at most {MAX_DEVICE_INDEX} (e.g. '{match.group(1)}:0')"
         )
     return value
@@ -67,15 +57,14 @@ def _device_arg(text: str) -> str:
 def _index_arg(text: str) -> int:
     value = text.strip()
     if value.startswith("-") and _INDEX_RE.fullmatch(value[1:]):
-        raise argparse.ArgumentTypeError(f"the device index must be >= 0, got {_shown(text)}")
+        raise argparse.ArgumentTypeError(f"the device index must be >= 0, got {shown(text)}")
     if not _INDEX_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(
-            f"the device index must be a whole number in ASCII digits, such as 0, got "
-            f"{_shown(text)}"
+            f"the device index must be a whole number in ASCII digits, such as 0, got {shown(text)}"
         )
     if len(value) > 6 or int(value) > MAX_DEVICE_INDEX:
         raise argparse.ArgumentTypeError(
-            f"the device index {_shown(text)} is too large: at most {MAX_DEVICE_INDEX}"
+            f"the device index {shown(text)} is too large: at most {MAX_DEVICE_INDEX}"
         )
     return int(value)
 
@@ -101,7 +90,7 @@ def _config_arg(text: str) -> Setting:
     try:
         return _parsed_setting(text, "--config")
     except InputError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (in {_shown(text)})") from None
+        raise argparse.ArgumentTypeError(f"{exc} (in {shown(text)})") from None
 
 
 def _env_setting() -> Setting | None:
@@ -121,7 +110,7 @@ def _env_setting() -> Setting | None:
             try:
                 return _parsed_setting(text, f"environment {var}")
             except InputError as exc:
-                raise InputError(f"{var}: {exc} (in {_shown(text)}); fix or unset it") from None
+                raise InputError(f"{var}: {exc} (in {shown(text)}); fix or unset it") from None
     return None
 
 
@@ -153,7 +142,7 @@ def _output_arg(option: str) -> Callable[[str], str]:
 
     def check(path: str) -> str:
         if not path.strip():
-            raise argparse.ArgumentTypeError(f"{option} needs a file name, got {_shown(path)}")
+            raise argparse.ArgumentTypeError(f"{option} needs a file name, got {shown(path)}")
         if os.path.isdir(path):
             raise argparse.ArgumentTypeError(
                 f"{path} is a directory; give a file name, e.g. {os.path.join(path, 'memory')}"
@@ -226,7 +215,7 @@ def _workers_arg(text: str) -> int:
     value = text.strip()
     if not _INDEX_RE.fullmatch(value) or len(value) > 6 or int(value) < 1:
         raise argparse.ArgumentTypeError(
-            f"the number of workers must be a whole number >= 1, got {_shown(text)}"
+            f"the number of workers must be a whole number >= 1, got {shown(text)}"
         )
     return int(value)
 

@@ -12,8 +12,7 @@ from typing import NoReturn
 
 from .._errors import AcceleratorError, InputError
 from .._gc import collector_paused
-from .._text import printable
-from ._args import _one_line
+from .._text import one_line, printable
 from ._info import _add_info_parser
 from ._replay import _add_replay_parser
 from ._snapshot import _add_snapshot_parser
@@ -33,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(
-            EXIT_USAGE, f"{self.prog}: error: {_one_line(message)} (see '{self.prog} --help')\n"
+            EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n"
         )
 
 
@@ -86,7 +85,7 @@ def _input_error_text(exc: Exception) -> str:
     message = str(exc)
     if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
         message = f"{exc.filename}: {exc.strerror}"
-    return printable(_one_line(message))
+    return printable(one_line(message))
 
 
 def _is_input_problem(exc: Exception) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import InputError
-from .._text import printable
+from .._text import one_line, printable
 from ._args import (
     _DEVICE_INDEX_HELP,
     MAX_DEVICE_INDEX,
@@ -23,7 +23,6 @@ from ._args import (
     _input_file,
     _not_the_input,
     _note_ignored,
-    _one_line,
     _output_arg,
     _settings,
     _show_progress,
@@ -126,7 +125,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     start=args.start,
                 )
             except StartStateError as exc:  # one line; the other settings are still reported
-                print(f"error: {printable(_one_line(f'{trace.name}: {exc}'))}", file=sys.stderr)
+                print(f"error: {printable(one_line(f'{trace.name}: {exc}'))}", file=sys.stderr)
                 failed.add(k)
                 report = None
             runs[-1].append(report)

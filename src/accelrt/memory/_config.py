@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import InputError
+from .._text import shown as _shown
 
 __all__ = ["ENV_VAR", "ENV_VARS", "RECORDED", "AllocatorConfig", "Setting"]
 
@@ -423,12 +424,6 @@ def _convert(key: str, raw: Any) -> dict[str, Any]:
     if key in ("expandable_segments", "release_lock_on_malloc"):
         return {key: _bool(key, raw)}
     raise InputError(f"unknown allocator setting {key!r}; known settings: {', '.join(_KEYS)}")
-
-
-def _shown(raw: Any) -> str:
-    """``repr(raw)``, cut short for messages."""
-    text = repr(raw)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _ascii_int(raw: Any) -> int | None:

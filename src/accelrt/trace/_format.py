@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import InputError
+from .._text import shown
 from .._units import format_bytes
 from ._columns import (
     OP_ALLOC,
@@ -109,22 +110,16 @@ class Trace:
         return os.path.basename(self.path or "trace").split(".")[0]
 
 
-def _shown(value: Any) -> str:
-    """``repr(value)``, cut short for messages."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _int_field(obj: dict[str, Any], key: str, where: str, *, minimum: int | None = 0) -> int:
     value = obj.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {_shown(value)}")
+        raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {shown(value)}")
     if minimum is not None and value < minimum:
-        raise TraceFormatError(f"{where}: field {key!r} must be >= {minimum}, got {_shown(value)}")
+        raise TraceFormatError(f"{where}: field {key!r} must be >= {minimum}, got {shown(value)}")
     if not -_LIMIT <= value < _LIMIT:
         low = "0" if minimum == 0 else "-2**63"
         raise TraceFormatError(
-            f"{where}: field {key!r} must be an integer in [{low}, 2**63), got {_shown(value)}"
+            f"{where}: field {key!r} must be an integer in [{low}, 2**63), got {shown(value)}"
         )
     return value
 
@@ -222,7 +217,7 @@ def _event_fields(obj: dict[str, Any], where: str) -> tuple[int, int, int, int, 
     action = obj.get("action")
     if action not in _ACTIONS:
         raise TraceFormatError(
-            f"{where}: unknown action {_shown(action)}; expected one of {', '.join(_ACTIONS)}"
+            f"{where}: unknown action {shown(action)}; expected one of {', '.join(_ACTIONS)}"
         )
     if action == "empty_cache":
         return OP_EMPTY_CACHE, 0, 0, 0, False
@@ -743,7 +738,7 @@ def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
     version = obj.get("format_version")
     if version != FORMAT_VERSION:
         raise TraceFormatError(
-            f"{where}: unsupported format_version {_shown(version)}; this accelrt reads "
+            f"{where}: unsupported format_version {shown(version)}; this accelrt reads "
             f"{FORMAT_VERSION}"
         )
     _check_header_fields(obj, f"{where}: header")
@@ -787,7 +782,7 @@ def write(
         action = row.get("action")
         if action not in _ACTIONS:  # what load would refuse is not written
             raise TraceFormatError(
-                f"{where}: unknown action {_shown(action)}; expected one of {', '.join(_ACTIONS)}"
+                f"{where}: unknown action {shown(action)}; expected one of {', '.join(_ACTIONS)}"
             )
         if action == "empty_cache":
             continue

@@ -9,6 +9,7 @@ from collections import deque
 from typing import Any
 
 from ..._device import DeviceProperties
+from ..._text import error_line
 from .._base import STORAGE_DTYPE_NAMES, dtypes, visible_devices
 from ._driver import (
     CUDA_ERROR_INSUFFICIENT_DRIVER,
@@ -17,7 +18,6 @@ from ._driver import (
     INSTALL_HINT,
     CUDAError,
     _DriverCalls,
-    _one_line,
 )
 
 
@@ -78,13 +78,13 @@ class _Devices(_DriverCalls):
         try:
             drv = self.driver
         except ImportError as exc:
-            return 0, f"cuda-bindings is not installed ({INSTALL_HINT}): {_one_line(exc)}"
+            return 0, f"cuda-bindings is not installed ({INSTALL_HINT}): {error_line(exc)}"
         except Exception as exc:  # a broken installation: counting devices never raises
-            return 0, f"cuda-bindings could not be imported: {_one_line(exc)}"
+            return 0, f"cuda-bindings could not be imported: {error_line(exc)}"
         try:
             code = int(drv.cuInit(0)[0])
         except Exception as exc:  # cuda-pathfinder raises when libcuda.so cannot be found
-            return 0, f"no NVIDIA driver could be loaded: {_one_line(exc)}"
+            return 0, f"no NVIDIA driver could be loaded: {error_line(exc)}"
         if code == CUDA_ERROR_NO_DEVICE:
             return 0, "the NVIDIA driver found no CUDA-capable device (CUDA_ERROR_NO_DEVICE)"
         if code == CUDA_ERROR_INSUFFICIENT_DRIVER:
@@ -98,7 +98,7 @@ class _Devices(_DriverCalls):
         try:
             count = int(self._call("cuDeviceGetCount", None))
         except Exception as exc:
-            return 0, f"cuDeviceGetCount failed: {_one_line(exc)}"
+            return 0, f"cuDeviceGetCount failed: {error_line(exc)}"
         if count == 0:
             return 0, "the NVIDIA driver reports no CUDA device"
         return count, None

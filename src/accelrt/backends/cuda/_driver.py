@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._errors import AcceleratorError
+from ..._text import error_line
 from .._base import BackendOutOfMemory
 
 INSTALL_HINT = "pip install 'accelrt[cuda]'"
@@ -22,10 +23,6 @@ def _load_driver() -> Any:
     from cuda.bindings import driver
 
     return driver
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 class CUDAError(AcceleratorError):
@@ -83,7 +80,7 @@ class _DriverCalls:
                 self._driver = _load_driver()
             except ImportError as exc:
                 raise ImportError(
-                    f"the CUDA backend needs cuda-bindings: {INSTALL_HINT} ({_one_line(exc)})",
+                    f"the CUDA backend needs cuda-bindings: {INSTALL_HINT} ({error_line(exc)})",
                     name="cuda",
                 ) from exc
         return self._driver
