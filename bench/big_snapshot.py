@@ -72,16 +72,20 @@ _SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unm
 
 def _closed_window(entries: list[dict[str, Any]]) -> int:
     """The start of the longest stretch at the end of ``entries`` that leaves the live blocks
-    as they were at its start (its allocs and frees cancel out) and has no segment event."""
-    toggles = 0  # the XOR of the (address, bytes) of every alloc and free from i on
+    as they were at its start (its allocs and frees cancel out, both the frees requested and
+    those completed, where a block goes back to its pool) and has no segment event."""
+    requested = completed = 0  # the XOR of the (address, bytes) of allocs and frees from i on
     start = len(entries)
     for i in range(len(entries) - 1, -1, -1):
         action = entries[i].get("action")
         if action in _SEGMENT_ACTIONS:
             break
+        block = hash((entries[i].get("addr"), entries[i].get("size")))
         if action in ("alloc", "free_requested"):
-            toggles ^= hash((entries[i]["addr"], entries[i]["size"]))
-        if toggles == 0:
+            requested ^= block
+        if action in ("alloc", "free_completed"):
+            completed ^= block
+        if requested == completed == 0:
             start = i
     return start
 
