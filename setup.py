@@ -1,6 +1,6 @@
 """Builds accelrt's compiled modules with Cython: the allocator's hit path
-(src/accelrt/memory/_native.pyx) and the streams' per-call methods
-(src/accelrt/_native_streams.pyx).
+(src/accelrt/memory/_native.pyx) and the streams' per-call methods (src/accelrt/_stream_ops.py,
+plain Python compiled as it is in Cython's pure-Python mode, typed by _stream_ops.pxd).
 
 Everything else about the package is in pyproject.toml. The extensions are optional: when one
 cannot be built (no C/C++ compiler), installation goes on and accelrt runs its Python twin,
@@ -40,8 +40,8 @@ extensions = [
         extra_compile_args=["-O3", "-std=c++17"],
     ),
     Extension(
-        "accelrt._native_streams",
-        ["src/accelrt/_native_streams.pyx"],
+        "accelrt._stream_ops",
+        ["src/accelrt/_stream_ops.py"],
         extra_compile_args=["-O3"],
     ),
 ]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# first: chooses the build or the Python source of the modules compiled from Python source
+from . import _compiled as _compiled
 from . import backends as backends
 from . import memory as memory
 from ._accelerator import current_accelerator as current_accelerator

@@ -10,11 +10,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _runtime
-from ._compiled import load
 from ._device import Device, DeviceLike
+from ._stream_ops import StreamCore  # the build where there is one (accelrt/_compiled.py)
 from .backends._base import Backend, StreamOps, bind_stream
 from .memory._atomic import finaliser
 
@@ -34,36 +34,12 @@ class _ThreadState(threading.local):
 _local = _ThreadState()
 
 
-class _StreamFields:
-    """:class:`Stream`'s backend object and its per-call methods, in Python: its base where the
-    compiled streams module does not run (its twin there: _native_streams.pyx ``StreamCore``,
-    which reaches the backend without a Python frame)."""
-
-    __slots__ = ("__weakref__", "_ops")
-    _ops: StreamOps
-
-    def query(self) -> bool:
-        """Return True if all work submitted to the stream has completed. Does not block."""
-        return self._ops.query()
-
-    def synchronize(self) -> None:
-        """Block until all work submitted to the stream has completed."""
-        self._ops.synchronize()
-
-
-_native, _ = load("accelrt._native_streams")
-if TYPE_CHECKING or _native is None:  # noqa: SIM108 (mypy types the first branch)
-    _StreamBase = _StreamFields
-else:
-    _StreamBase = _native.StreamCore
-
-
 CAPTURING: set[Stream] = set()
 """The streams an ``accelrt.Graph`` captures on now (streams compare by backend, device and
 handle, so any ``Stream`` of the same handle is found)."""
 
 
-class Stream(_StreamBase):
+class Stream(StreamCore):
     """A queue of device work that runs in order; work on different streams may overlap.
 
     Parameters

@@ -1,9 +1,10 @@
-"""``QueueStreamOps.synchronize``: what it forgets, what it keeps, on both twins.
+"""``QueueStreamOps.synchronize``: what it forgets, what it keeps (on the core in use; CI
+runs it on the build and on the source).
 
-The base of an in-order queue's per-stream object (compiled in _native_streams.pyx, or its
-Python twin in backends/_base.py) forgets, after ``finish()``, every entry of ``keep`` that was
-there when it called ``finish()``, and nothing appended while it waited: another thread's copy,
-enqueued after the wait began, may still be running. A driver error keeps everything.
+The base of an in-order queue's per-stream object (accelrt/_stream_ops.py) forgets, after
+``finish()``, every entry of ``keep`` that was there when it called ``finish()``, and nothing
+appended while it waited: another thread's copy, enqueued after the wait began, may still be
+running. A driver error keeps everything.
 """
 
 from __future__ import annotations

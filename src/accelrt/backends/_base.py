@@ -21,14 +21,13 @@ import importlib
 import os
 import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .._compiled import load
 from .._device import DeviceProperties
 from .._errors import InputError
+from .._stream_ops import QueueStreamOps  # the build where there is one (_compiled.py)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -327,58 +326,6 @@ class StreamOps(Protocol):
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """Copy ``nbytes`` on the stream, as ``Backend.memcpy_async``."""
-
-
-class _QueueStreamFields:
-    """``QueueStreamOps`` in Python, where the compiled streams module does not run (its twin
-    there: _native_streams.pyx ``QueueStreamOps``, whose ``synchronize`` runs no bytecode)."""
-
-    __slots__ = ("keep", "last", "queue")
-    queue: Any
-    last: Any
-    keep: deque[Any]
-
-    def missing(self) -> None:
-        """Raise the error of a stream that does not exist (any more)."""
-        raise NotImplementedError
-
-    def failed(self, call: str, exc: Exception) -> None:
-        """Raise the error for driver exception ``exc`` in ``call``, or return to re-raise it."""
-
-    def synchronize(self) -> None:
-        """Block until the queue's work has completed; forget what that work needed.
-
-        ``keep`` is swapped for an empty deque before ``finish``: every entry in the old one
-        was appended, so enqueued, before it, and is forgotten without asking its command's
-        status. What another thread enqueues meanwhile goes to the new one.
-        """
-        queue = self.queue
-        if queue is None:
-            self.missing()
-        done = self.keep
-        if done:
-            self.keep = deque()
-        try:
-            queue.finish()
-        except Exception as exc:
-            if done:  # the work may still run: keep what it needs
-                done.extend(self.keep)
-                self.keep = done
-            self.failed("stream_synchronize", exc)
-            raise
-        self.last = None
-
-
-_native, _ = load("accelrt._native_streams")
-if TYPE_CHECKING or _native is None:  # noqa: SIM108 (mypy types the first branch)
-    QueueStreamOps = _QueueStreamFields
-else:
-    QueueStreamOps = _native.QueueStreamOps
-"""A base for the ``StreamOps`` of a backend whose stream is an in-order queue: fields
-``queue`` (with a blocking ``finish()``; None once destroyed), ``last`` (the last command, None
-once finished) and ``keep`` (a deque of what its commands need alive, each entry appended after
-its command was enqueued), and ``synchronize``. Subclasses give ``missing()`` and
-``failed(call, exc)``, and the other methods."""
 
 
 class _BackendStreamOps:

@@ -27,15 +27,14 @@ import functools
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._compiled import load
 from .._device import DeviceProperties
 from .._errors import AcceleratorError
+from .._stream_ops import SVMStreamOps  # the build where there is one (_compiled.py)
 from ._base import (
     BackendOutOfMemory,
     NoVirtualMemory,
-    QueueStreamOps,
     dtypes,
     map_driver_errors,
     visible_devices,
@@ -201,71 +200,7 @@ def _no_stream(index: int, stream: int) -> ValueError:
     )
 
 
-class _SVMStreamFields(QueueStreamOps):
-    """``SVMStreamOps`` in Python, where the compiled streams module does not run (its twin
-    there: _native_streams.pyx ``SVMStreamOps``, whose ``memcpy_async`` runs no bytecode)."""
-
-    __slots__ = ("scan_at", "scan_bytes", "svm_memcpy", "unscanned", "views", "wrap_host")
-    views: dict[tuple[int, int], Any]
-    wrap_host: Callable[[memoryview], Any]
-    svm_memcpy: Callable[..., Any]
-    scan_at: int
-    scan_bytes: int
-    unscanned: int
-
-    def device_view(self, address: int, nbytes: int) -> Any:
-        """The ``cl.SVM`` of device memory that ``views`` lacks."""
-        raise NotImplementedError
-
-    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
-        """Forget the finished copies at the head of ``keep``; set when to look again."""
-        raise NotImplementedError
-
-    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
-        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
-        (in ``keep``, as ``(event, host memoryview)``; when it is trimmed: ``_CLStream.rescan``).
-        """
-        queue = self.queue
-        if queue is None:
-            self.missing()
-        host: memoryview | None = None
-        try:
-            if isinstance(dst, int):
-                target = self.views.get((dst, nbytes))
-                if target is None:
-                    target = self.device_view(dst, nbytes)
-            else:
-                host = dst
-                target = self.wrap_host(dst)
-            if isinstance(src, int):
-                source = self.views.get((src, nbytes))
-                if source is None:
-                    source = self.device_view(src, nbytes)
-            else:
-                # PyOpenCL wraps only writable memory: stage a read-only source (bytes)
-                host = src if not src.readonly else memoryview(bytearray(src))
-                source = self.wrap_host(host)
-            event = self.svm_memcpy(queue, False, target, source, None, nbytes)
-            self.last = event
-            if host is not None:
-                keep = self.keep  # read after the enqueue (see QueueStreamOps.synchronize)
-                self.unscanned += host.nbytes
-                if len(keep) >= self.scan_at or self.unscanned >= self.scan_bytes:
-                    self.rescan(keep)
-                keep.append((event, host))
-        except Exception as exc:
-            self.failed("memcpy_async", exc)
-            raise
-
-
-_native_streams, _ = load("accelrt._native_streams")
-if TYPE_CHECKING or _native_streams is None:
-    _SVMStream = _SVMStreamFields
-else:
-    _SVMStream = _native_streams.SVMStreamOps
-
-
-class _CLStream(_SVMStream):
+class _CLStream(SVMStreamOps):
     """One stream of a device (``StreamOps``): its queue and what accelrt enqueued on it.
 
     ``OpenCLBackend.stream_ops`` hands out the one object of a live handle, so every ``Stream``

@@ -1,59 +1,86 @@
-# cython: language_level=3
-"""Compiled hot paths of streams: ``Stream.query``/``synchronize``, a queue stream's
-``synchronize`` and OpenCL's ``memcpy_async`` without a Python frame (docs/design.md).
+"""The per-call methods of streams, written once: ``Stream.query``/``synchronize``, a queue
+stream's ``synchronize`` and OpenCL's ``memcpy_async`` (docs/design.md, "Streams written once").
 
-``StreamCore`` holds ``accelrt.Stream``'s fields and its two per-call methods; ``Stream``
-(_stream.py) derives from it. ``QueueStreamOps`` holds the fields of a backend's per-stream
-object whose stream is an in-order queue and its ``synchronize``; ``SVMStreamOps`` adds the
-copies of a queue whose copies are SVM memcpys through PyOpenCL (the base of OpenCL's
-``_CLStream``). Where this module is not built, or ``ACCELRT_PURE_PYTHON`` is set, their
-Python twins (``_stream._StreamFields``, ``backends._base._QueueStreamFields``,
-``backends.opencl._SVMStreamFields``) are the bases instead; the conformance tests run on both.
+This file is plain Python and is also compiled, as it is, by Cython's pure-Python mode at
+install: ``_stream_ops.pxd`` beside it declares the three classes as extension types with typed
+fields, so that in the build the chain from ``stream.synchronize()`` to the driver runs no
+bytecode. The same code runs interpreted where the build is missing or ``ACCELRT_PURE_PYTHON``
+is set (``accelrt._compiled.load_source_or_build``). Change this file and its ``.pxd``
+together: a field here is a ``cdef public`` field there.
 
-A Python call costs about 25 ns; an idle ``clFinish`` through PyOpenCL about 80 ns. Two Python
-frames (the public method, the backend's) on top of it were 1.45x the raw call; here the
-chain from ``stream.synchronize()`` to the driver runs no bytecode.
+``StreamCore`` holds ``accelrt.Stream``'s backend object and its two per-call methods;
+``Stream`` (_stream.py) derives from it. ``QueueStreamOps`` holds the fields of a backend's
+per-stream object whose stream is an in-order queue, and its ``synchronize``; ``SVMStreamOps``
+adds the copies of a queue whose copies are SVM memcpys through PyOpenCL (the base of OpenCL's
+``_CLStream``). A Python call costs about 25 ns and an idle ``clFinish`` through PyOpenCL about
+80 ns, so two Python frames on top of the driver call were 1.45x the raw call
+(``bench/runtime_overhead.py`` measures it).
+
+Nothing here imports the rest of accelrt: it sits at the bottom of the layers.
 """
 
+from __future__ import annotations
+
 from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
 
 __all__ = ["QueueStreamOps", "SVMStreamOps", "StreamCore"]
 
 
-cdef class StreamCore:
-    """``accelrt.Stream``'s backend object and its per-call methods, compiled. (Its other
-    fields are ``Stream``'s own slots, which Python code reads faster than a compiled type's
-    attributes.)"""
+class _Ops(Protocol):
+    """What ``StreamCore`` calls on its backend object (``backends._base.StreamOps``)."""
 
-    cdef public object _ops
-    cdef object __weakref__
+    def query(self) -> bool: ...
 
-    def query(self):
+    def synchronize(self) -> None: ...
+
+
+class StreamCore:
+    """``accelrt.Stream``'s backend object (a ``StreamOps``) and its per-call methods. (Its
+    other fields are ``Stream``'s own slots, which Python code reads faster than an extension
+    type's fields.)"""
+
+    __slots__ = ("__weakref__", "_ops")
+    _ops: _Ops
+
+    def query(self) -> bool:
         """Return True if all work submitted to the stream has completed. Does not block."""
         return self._ops.query()
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Block until all work submitted to the stream has completed."""
         ops = self._ops
-        if isinstance(ops, QueueStreamOps):  # a C call (overrides in Python still win)
-            (<QueueStreamOps>ops).synchronize()
+        if isinstance(ops, QueueStreamOps):
+            queue_ops: QueueStreamOps = ops  # typed: the build calls it without a lookup
+            queue_ops.synchronize()
         else:
             ops.synchronize()
 
 
-cdef class QueueStreamOps:
+class QueueStreamOps:
     """The fields of a stream that is an in-order queue, and its ``synchronize``.
 
     ``queue`` has a blocking ``finish()`` (None once the stream was destroyed); ``last`` is
     the last command enqueued (None once finished); ``keep`` (a ``collections.deque``) holds
     what the queue's commands need alive, each entry appended after its command was
-    enqueued. The subclass supplies ``missing()`` (raise the error of an unknown stream) and
+    enqueued. A subclass supplies ``missing()`` (raise the error of an unknown stream) and
     ``failed(call, exc)`` (raise the error for a driver exception, or return to re-raise it).
     """
 
-    cdef public object queue, last, keep
+    __slots__ = ("keep", "last", "queue")
+    queue: Any
+    last: Any
+    keep: deque[Any]
 
-    cpdef synchronize(self):
+    def missing(self) -> None:
+        """Raise the error of a stream that does not exist (any more)."""
+        raise NotImplementedError
+
+    def failed(self, call: str, exc: Exception) -> None:
+        """Raise the error for driver exception ``exc`` in ``call``, or return to re-raise it."""
+
+    def synchronize(self) -> None:
         """Block until the queue's work has completed; forget what that work needed.
 
         ``keep`` is swapped for an empty deque before ``finish``: every entry in the old one
@@ -77,10 +104,9 @@ cdef class QueueStreamOps:
         self.last = None
 
 
-cdef class SVMStreamOps(QueueStreamOps):
-    """A queue stream whose copies are ``clEnqueueSVMMemcpy`` calls through PyOpenCL, with its
-    ``memcpy_async`` compiled: the base of OpenCL's ``_CLStream`` (backends/opencl.py, where
-    its Python twin ``_SVMStreamFields`` holds the same method in Python).
+class SVMStreamOps(QueueStreamOps):
+    """A queue stream whose copies are ``clEnqueueSVMMemcpy`` calls through PyOpenCL: the base
+    of OpenCL's ``_CLStream`` (backends/opencl.py).
 
     Fields, set by the subclass: ``views`` (a dict from (address, nbytes) to the ``cl.SVM`` of
     that device memory; a miss calls ``device_view(address, nbytes)``), ``wrap_host`` (makes
@@ -91,17 +117,30 @@ cdef class SVMStreamOps(QueueStreamOps):
     ``keep`` since the last rescan).
     """
 
-    cdef public object views, wrap_host, svm_memcpy
-    cdef public Py_ssize_t scan_at, scan_bytes, unscanned
+    __slots__ = ("scan_at", "scan_bytes", "svm_memcpy", "unscanned", "views", "wrap_host")
+    views: dict[tuple[int, int], Any]
+    wrap_host: Callable[[memoryview], Any]
+    svm_memcpy: Callable[..., Any]
+    scan_at: int
+    scan_bytes: int
+    unscanned: int
 
-    def memcpy_async(self, dst, src, Py_ssize_t nbytes):
+    def device_view(self, address: int, nbytes: int) -> Any:
+        """The ``cl.SVM`` of device memory that ``views`` lacks."""
+        raise NotImplementedError
+
+    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
+        """Forget the finished copies at the head of ``keep``; set when to look again."""
+        raise NotImplementedError
+
+    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
         (in ``keep``, as ``(event, host memoryview)``; when it is trimmed: ``_CLStream.rescan``).
         """
         queue = self.queue
         if queue is None:
             self.missing()
-        host = None
+        host: memoryview | None = None
         try:
             if isinstance(dst, int):
                 target = self.views.get((dst, nbytes))

@@ -1,0 +1,16 @@
+# The extension-type declarations of _stream_ops.py, which Cython compiles in pure-Python
+# mode: each class there is a cdef class here, each field a typed field. Change both together.
+
+cdef class StreamCore:
+    cdef public object _ops
+    cdef object __weakref__
+
+
+cdef class QueueStreamOps:
+    cdef public object queue, last, keep
+    cpdef synchronize(self)
+
+
+cdef class SVMStreamOps(QueueStreamOps):
+    cdef public object views, wrap_host, svm_memcpy
+    cdef public Py_ssize_t scan_at, scan_bytes, unscanned
