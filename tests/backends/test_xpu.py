@@ -245,6 +245,42 @@ def test_an_event_orders_a_kernel_before_a_copy_on_another_queue(xpu: str) -> No
     buf.free()
 
 
+def _zeroed(nbytes: int) -> acc.Buffer:
+    buf = acc.empty(nbytes)
+    acc.copy_(buf, np.zeros(nbytes, np.uint8))
+    return buf
+
+
+def test_a_side_stream_copy_sees_a_write_on_the_default_stream_only_after_waiting(
+    xpu: str,
+) -> None:
+    """tests/memory/test_copy_fast_path.py's "d2d side stream" case, made deterministic: a
+    kernel on the default stream is still writing the source when the copy is submitted.
+    ``copy_`` (compiled or reference, as the core in use has it) orders nothing across queues:
+    unordered, the side queue copies the source before the kernel has written it (what that
+    case read in CI, zeros); after ``wait_stream`` it copies the kernel's bytes."""
+    backend: Any = get_backend("xpu")
+    default = acc.current_stream()
+    for wait in (False, True):
+        src, dst = _zeroed(N), _zeroed(N)
+        acc.synchronize()
+        slow_fill(backend.queue(0, default.handle), src.ptr, N, 10, SLOW)
+        side = acc.Stream()
+        if wait:
+            side.wait_stream(default)
+        acc.copy_(dst, src, stream=side)
+        side.synchronize()
+        out = np.zeros(N, np.uint8)
+        acc.copy_(out, dst)
+        acc.synchronize()
+        if wait:
+            assert set(out.tolist()) == {10}
+        else:  # the queues ran at once: the copy read bytes the kernel had not written yet
+            assert out.tolist().count(10) < N
+        src.free()
+        dst.free()
+
+
 def test_elapsed_time_around_a_kernel(xpu: str) -> None:
     backend: Any = get_backend("xpu")
     stream = acc.Stream()
