@@ -1,10 +1,10 @@
 """OpenCL's ``memcpy_async``: the compiled ``SVMStreamOps`` and its Python twin do the same.
 
 ``_CLStream`` derives from _native_streams.pyx ``SVMStreamOps`` where the module is built, else
-from backends/opencl.py ``_SVMStreamFields``; the two hold one method twice. Here both run one
-script of copies over recording fakes (device views cached or not, host memory writable or
-read-only, rescans by count and by bytes, a driver error, a destroyed stream), and must leave
-the same record: every call they made, what they keep alive, and their counters.
+from backends/opencl/_queues.py ``_SVMStreamFields``; the two hold one method twice. Here both
+run one script of copies over recording fakes (device views cached or not, host memory writable
+or read-only, rescans by count and by bytes, a driver error, a destroyed stream), and must
+leave the same record: every call they made, what they keep alive, and their counters.
 """
 
 from __future__ import annotations
