@@ -86,6 +86,21 @@ def test_info_lists_the_xpu_device(xpu: str, capsys: pytest.CaptureFixture[str])
     assert "xpu" in data["available_backends"]
 
 
+def test_first_use_of_a_device_before_any_probe_does_not_deadlock(xpu: str) -> None:
+    """A fresh backend's first call may be one that uses a device (``context``, ``malloc``)
+    before anything counted the devices: the probe and the device's state share one lock."""
+    import threading
+
+    from accelrt.backends.xpu import XPUBackend
+
+    fresh = XPUBackend()
+    got: list[Any] = []
+    worker = threading.Thread(target=lambda: got.append(fresh.context(0)), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert got and got[0] is fresh.context(0), "context(0) on a fresh backend did not return"
+
+
 def test_properties_and_memory_info(xpu: str) -> None:
     props = acc.get_device_properties()
     assert props.backend == "xpu" and props.total_memory > 0 and props.pinned_host_memory

@@ -229,10 +229,11 @@ class _Devices:
     def _dev(self, index: int) -> _XPUDevice:
         state = self._state.get(index)
         if state is None:
+            device = self._devices()[index]  # before the lock: a first probe takes it too
             with self._lock:
                 state = self._state.get(index)
                 if state is None:
-                    state = _XPUDevice(_import_dpctl(), self._devices()[index], index)
+                    state = _XPUDevice(_import_dpctl(), device, index)
                     self._state[index] = state
         return state
 
