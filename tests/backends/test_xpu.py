@@ -159,6 +159,15 @@ def test_no_sycl_interface_on_other_backends(sim: str) -> None:
     buf.free()
 
 
+def test_dlpack_device_names_the_device_as_dpctl_does(xpu: str) -> None:
+    import dpctl
+
+    backend: Any = get_backend("xpu")
+    kind, device_id = backend.dlpack_device(0)
+    assert kind == 14  # kDLOneAPI
+    assert dpctl.get_devices()[device_id] == backend.sycl_device(0)
+
+
 def test_stream_from_a_sycl_queue(xpu: str) -> None:
     import dpctl
 

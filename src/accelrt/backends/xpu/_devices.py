@@ -14,6 +14,9 @@ from .._base import dtypes, visible_devices
 from ._queues import _complete, _XPUStream
 from ._sycl import INSTALL_HINT, _icd_note, _import_dpctl
 
+KDL_ONEAPI = 14
+"""DLPack's device type of SYCL (oneAPI) memory."""
+
 # how many cached dpctl views of device memory ranges a device keeps (see _XPUDevice.view)
 _VIEW_CACHE_SIZE = 4096
 
@@ -181,6 +184,12 @@ class _Devices:
     def sycl_device(self, index: int) -> Any:
         """Return the ``dpctl.SyclDevice`` of device ``index`` (for native interop)."""
         return self._devices()[index]
+
+    def dlpack_device(self, index: int) -> tuple[int, int]:
+        """Return device ``index`` as DLPack names it: ``(kDLOneAPI = 14, its index in
+        dpctl.get_devices())``, the pair dpctl and dpnp read in ``__dlpack_device__``.
+        ``Buffer`` does not call it yet: its DLPack export is memory/_buffer.py's."""
+        return KDL_ONEAPI, int(self._devices()[index].get_device_id())
 
     def get_device_properties(self, index: int) -> DeviceProperties:
         """Read the device's name, vendor, memory, compute units and driver from SYCL."""
