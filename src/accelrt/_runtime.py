@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from ._device import Device, DeviceLike
 from ._errors import InputError
+from .backends import _install_use
 from .backends._base import Backend, get_backend, registered_backends
 
 __all__ = [
@@ -136,6 +137,9 @@ def use(name: str) -> Backend:
         _chosen[:] = [backend]
         STATE_EPOCH.bump()
     return backend
+
+
+_install_use(use)  # accelrt.backends.use calls it (backends/ imports nothing above it)
 
 
 def accelerator() -> Backend | None:

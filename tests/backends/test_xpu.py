@@ -86,6 +86,21 @@ def test_info_lists_the_xpu_device(xpu: str, capsys: pytest.CaptureFixture[str])
     assert "xpu" in data["available_backends"]
 
 
+def test_first_use_of_a_device_before_any_probe_does_not_deadlock(xpu: str) -> None:
+    """A fresh backend's first call may be one that uses a device (``context``, ``malloc``)
+    before anything counted the devices: the probe and the device's state share one lock."""
+    import threading
+
+    from accelrt.backends.xpu import XPUBackend
+
+    fresh = XPUBackend()
+    got: list[Any] = []
+    worker = threading.Thread(target=lambda: got.append(fresh.context(0)), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert got and got[0] is fresh.context(0), "context(0) on a fresh backend did not return"
+
+
 def test_properties_and_memory_info(xpu: str) -> None:
     props = acc.get_device_properties()
     assert props.backend == "xpu" and props.total_memory > 0 and props.pinned_host_memory
@@ -142,6 +157,15 @@ def test_no_sycl_interface_on_other_backends(sim: str) -> None:
     buf = acc.empty(16)
     assert not hasattr(buf, "__sycl_usm_array_interface__")
     buf.free()
+
+
+def test_dlpack_device_names_the_device_as_dpctl_does(xpu: str) -> None:
+    import dpctl
+
+    backend: Any = get_backend("xpu")
+    kind, device_id = backend.dlpack_device(0)
+    assert kind == 14  # kDLOneAPI
+    assert dpctl.get_devices()[device_id] == backend.sycl_device(0)
 
 
 def test_stream_from_a_sycl_queue(xpu: str) -> None:
@@ -243,6 +267,42 @@ def test_an_event_orders_a_kernel_before_a_copy_on_another_queue(xpu: str) -> No
     assert set(out.tolist()) == {5}
     acc.record_stream(buf, consumer)
     buf.free()
+
+
+def _zeroed(nbytes: int) -> acc.Buffer:
+    buf = acc.empty(nbytes)
+    acc.copy_(buf, np.zeros(nbytes, np.uint8))
+    return buf
+
+
+def test_a_side_stream_copy_sees_a_write_on_the_default_stream_only_after_waiting(
+    xpu: str,
+) -> None:
+    """tests/memory/test_copy_fast_path.py's "d2d side stream" case, made deterministic: a
+    kernel on the default stream is still writing the source when the copy is submitted.
+    ``copy_`` (compiled or reference, as the core in use has it) orders nothing across queues:
+    unordered, the side queue copies the source before the kernel has written it (what that
+    case read in CI, zeros); after ``wait_stream`` it copies the kernel's bytes."""
+    backend: Any = get_backend("xpu")
+    default = acc.current_stream()
+    for wait in (False, True):
+        src, dst = _zeroed(N), _zeroed(N)
+        acc.synchronize()
+        slow_fill(backend.queue(0, default.handle), src.ptr, N, 10, SLOW)
+        side = acc.Stream()
+        if wait:
+            side.wait_stream(default)
+        acc.copy_(dst, src, stream=side)
+        side.synchronize()
+        out = np.zeros(N, np.uint8)
+        acc.copy_(out, dst)
+        acc.synchronize()
+        if wait:
+            assert set(out.tolist()) == {10}
+        else:  # the queues ran at once: the copy read bytes the kernel had not written yet
+            assert out.tolist().count(10) < N
+        src.free()
+        dst.free()
 
 
 def test_elapsed_time_around_a_kernel(xpu: str) -> None:

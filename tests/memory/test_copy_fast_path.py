@@ -52,6 +52,17 @@ def _pinned(seed: int) -> Any:
     return host
 
 
+def _side_stream() -> acc.Stream:
+    """A new stream that waits for the work already on the current one. A case's source is
+    filled on the current stream, and a copy on another stream reads it only once ordered
+    after that fill (``copy_`` orders nothing across streams): on ``xpu`` the queues of Intel's
+    CPU runtime run at once, and an unordered side-stream copy read the buffer before the
+    fill had run (zeros, about one process in three)."""
+    side = acc.Stream()
+    side.wait_stream(acc.current_stream())
+    return side
+
+
 def _other_device_stream() -> acc.Stream:
     return acc.current_stream(1)
 
@@ -68,7 +79,7 @@ CASES: dict[str, Callable[[], tuple[Any, Any, Any]]] = {
     "d2h bytearray": lambda: (bytearray(N), _filled(7), "default"),
     "d2h float64": lambda: (np.zeros(N // 8), _filled(8), "default"),
     "d2d": lambda: (acc.empty(N), _filled(9), "default"),
-    "d2d side stream": lambda: (acc.empty(N), _filled(10), acc.Stream()),
+    "d2d side stream": lambda: (acc.empty(N), _filled(10), _side_stream()),
     "h2d pinned": lambda: (acc.empty(N), _pinned(11), "default"),
     "d2h pinned": lambda: (acc.empty_host(N), _filled(12), "default"),
     "zero bytes": lambda: (acc.empty(0), b"", "default"),

@@ -10,6 +10,8 @@ returns an object satisfying :class:`Backend`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ._base import (
     Backend as Backend,
 )
@@ -26,15 +28,26 @@ from ._base import (
     registered_backends as registered_backends,
 )
 
+_chooser: list[Callable[[str], Backend]] = []  # accelrt._runtime.use, once it is imported
+
+
+def _install_use(chooser: Callable[[str], Backend]) -> None:
+    """Give :func:`use` the function that makes a backend the accelerator.
+
+    ``accelrt._runtime`` calls this when it is imported (``import accelrt`` imports it), so
+    that this package imports nothing above it.
+    """
+    _chooser[:] = [chooser]
+
 
 def use(name: str) -> Backend:
     """Make the backend called ``name`` the process's accelerator (e.g. ``use("sim")``).
 
     Raises ``ValueError`` for an unregistered name. See ``accelrt._runtime.use``.
     """
-    from .._runtime import use as _use
-
-    return _use(name)
+    if not _chooser:  # only while accelrt itself is being imported
+        raise RuntimeError("accelrt.backends.use() needs accelrt imported first (import accelrt)")
+    return _chooser[0](name)
 
 
 __all__ = [

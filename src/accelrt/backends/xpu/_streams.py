@@ -1,0 +1,201 @@
+"""Streams (in-order queues), events (barriers), copies, fills and synchronisation of the
+``xpu`` backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._errors import AcceleratorError
+from ._devices import _Devices
+from ._queues import XPUEvent, _complete, _drop_completed, _no_stream, _XPUStream
+from ._sycl import _describe, _memset_lib, _raise_driver_error
+
+
+class _StreamsEvents(_Devices):
+    """Streams, events, copies and synchronisation of the ``xpu`` backend."""
+
+    def stream_create(self, index: int, priority: int) -> int:
+        """Create an in-order, profiling queue in the device's context; priority is advisory
+        (dpctl 0.22 creates no prioritised queues)."""
+        state = self._dev(index)
+        with self._lock:
+            handle = self._next_stream
+            self._next_stream += 1
+        state.streams[handle] = _XPUStream(state, handle, state.new_queue(), owned=True)
+        return handle
+
+    def adopt_queue(self, index: int, queue: Any) -> int:
+        """Give a user's ``dpctl.SyclQueue`` a stream handle of device ``index``.
+
+        Parameters
+        ----------
+        index : int
+            The device the queue must belong to.
+        queue : dpctl.SyclQueue
+            An in-order queue of that device in the backend's context (``context(index)``).
+
+        Returns
+        -------
+        int
+            The handle (the same for the same queue object every time); the stream does not
+            own the queue: destroying it forgets the queue and leaves it alone.
+
+        Raises
+        ------
+        TypeError
+            If ``queue`` is not a ``dpctl.SyclQueue``.
+        ValueError
+            If the queue is of another device, another context, or is not in-order.
+        """
+        state = self._dev(index)
+        dpctl = state.dpctl
+        if not isinstance(queue, dpctl.SyclQueue):
+            raise TypeError(f"expected a dpctl.SyclQueue, got {type(queue).__name__}")
+        if queue.sycl_device != state.device:
+            raise ValueError(
+                f"the queue is on SYCL device {_describe(queue.sycl_device)}, not on "
+                f"xpu:{index} ({_describe(state.device)}); pass the device it is on"
+            )
+        if queue.sycl_context != state.context:
+            raise ValueError(
+                f"the queue's SYCL context {queue.sycl_context!r} is not xpu:{index}'s "
+                f"{state.context!r}: memory of one context is not usable in another. Make the "
+                "queue with dpctl.SyclQueue(accelrt.backends.get_backend('xpu').context(i), "
+                "device, property='in_order')"
+            )
+        if not queue.is_in_order:
+            raise ValueError(
+                "the queue is out-of-order; a stream must be an in-order queue (make it with "
+                "property='in_order')"
+            )
+        with self._lock:
+            for handle, stream in state.streams.items():
+                if stream.queue is queue:
+                    return handle
+            handle = self._next_stream
+            self._next_stream += 1
+            state.streams[handle] = _XPUStream(state, handle, queue, owned=False)
+        return handle
+
+    def stream_ops(self, index: int, stream: int) -> _XPUStream | None:
+        """Return the stream's ``StreamOps`` (one object per handle), None for an unknown one."""
+        return self._dev(index).streams.get(stream)
+
+    def _stream(self, index: int, stream: int) -> _XPUStream:
+        found = self._dev(index).streams.get(stream)
+        if found is None:
+            raise _no_stream(index, stream)
+        return found
+
+    def queue(self, index: int, stream: int) -> Any:
+        """Return the ``dpctl.SyclQueue`` behind a stream handle (for native interop).
+
+        Raises ``ValueError`` if ``stream`` is not a live stream of device ``index``.
+        """
+        return self._stream(index, stream).queue
+
+    def native_stream(self, index: int, stream: int) -> int:
+        """Return the ``DPCTLSyclQueueRef`` of a stream's queue as an int (``Stream.
+        native_handle``); ``ValueError`` if ``stream`` is not a live stream of device ``index``.
+        """
+        return int(self.queue(index, stream).addressof_ref())
+
+    def stream_destroy(self, index: int, stream: int) -> None:
+        """Wait for the queue and drop it (an adopted queue is only forgotten)."""
+        state = self._state.get(index)
+        if state is None:
+            return
+        found = state.streams.pop(stream, None)
+        if found is not None:
+            queue, found.queue = found.queue, None
+            if found.owned:
+                queue.wait()
+            found.last = None
+            found.keep.clear()
+
+    def stream_query(self, index: int, stream: int) -> bool:
+        """Whether the last command accelrt submitted to the queue has completed (True for a
+        handle that is not a live stream)."""
+        state = self._state.get(index)
+        found = state.streams.get(stream) if state is not None else None
+        return found is None or found.query()
+
+    def stream_synchronize(self, index: int, stream: int) -> None:
+        """``queue.wait()``."""
+        self._stream(index, stream).synchronize()
+
+    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+        """Submit a barrier that waits for the event's marker (``submit_barrier([marker])``)."""
+        marker = event.marker
+        if marker is not None:
+            found = self._stream(index, stream)
+            found.last = found.queue.submit_barrier([marker])
+
+    # ------------------------------------------------------------------ events
+    def event_create(self, index: int, timing: bool) -> XPUEvent:
+        """Return an unrecorded event (its marker is made when it is recorded)."""
+        return XPUEvent(index, timing)
+
+    def event_record(self, event: Any, index: int, stream: int) -> None:
+        """Submit a barrier on the stream's queue: the event's marker."""
+        self._stream(index, stream).record(event)
+
+    def event_destroy(self, event: Any) -> None:
+        """Drop the event's marker."""
+        event.marker = None
+
+    def event_query(self, event: Any) -> bool:
+        """True if unrecorded or the marker's execution status is ``complete``."""
+        marker = event.marker
+        if marker is None:
+            return True
+        try:
+            done: bool = marker.execution_status == _complete[0]
+        except Exception as exc:
+            _raise_driver_error("event_query", exc)
+            raise
+        return done
+
+    def event_synchronize(self, event: Any) -> None:
+        """``SyclEvent.wait()`` on the marker; forget the finished copies of its stream."""
+        marker = event.marker
+        if marker is not None:
+            try:
+                marker.wait()
+            except Exception as exc:
+                _raise_driver_error("event_synchronize", exc)
+                raise
+            stream = event.stream
+            if stream is not None and stream.keep:
+                _drop_completed(stream.keep, stream.complete)
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        """Difference of the markers' profiled end times (ns), in milliseconds."""
+        return float(end.marker.profiling_info_end - start.marker.profiling_info_end) / 1e6
+
+    # ------------------------------------------------------------------ copies
+    def memcpy_async(
+        self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
+    ) -> None:
+        """``queue.memcpy_async``; host memory is kept alive until the copy completes."""
+        self._stream(index, stream).memcpy_async(dst, src, nbytes)
+
+    def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """``sycl::queue::memset`` (``DPCTLQueue_Memset``), then a barrier as the stream's last
+        command (what ``query`` asks)."""
+        found = self._stream(index, stream)
+        queue = found.queue
+        lib = _memset_lib(found.device.dpctl)
+        ref = lib.DPCTLQueue_Memset(queue.addressof_ref(), ptr, value & 0xFF, nbytes)
+        if not ref:
+            raise AcceleratorError(
+                f"SYCL memset of {nbytes} bytes at {ptr:#x} on xpu:{index} failed"
+            )
+        lib.DPCTLEvent_Delete(ref)  # the in-order queue orders the barrier after it
+        found.last = queue.submit_barrier()
+
+    def synchronize(self, index: int) -> None:
+        """``queue.wait()`` on every queue of the device."""
+        state = self._state.get(index)
+        if state is not None:
+            state.finish_all()
