@@ -42,6 +42,7 @@ from .memory._history import SegmentInfo
 from .memory._policy import MAX_REQUEST_BYTES
 from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from .trace._format import Trace
+from .trace._rewind import UNLIMITED_CAPACITY
 
 __all__ = ["OomRecord", "ReplayReport", "replay"]
 
@@ -53,8 +54,6 @@ _SKIP = 3
 """Work code of a zero-byte alloc: PyTorch hands out nothing for it."""
 _TOO_BIG = 4
 """Work code of an alloc beyond ``MAX_REQUEST_BYTES``: an OOM without asking the allocator."""
-UNLIMITED_CAPACITY = 1 << 50
-"""Simulated capacity for a recording that shows no limit (1 PiB: it never runs out)."""
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
 def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | None) -> str:
     """What ``snapshot summary`` prints for a snapshot without allocation history: per device
     with segments (or the one ``--device-index`` names), the end state it holds."""
-    from ..trace._snapshot import snapshot_devices, snapshot_name
+    from ..trace._snapshot import device_segments, snapshot_devices, snapshot_name
     from ..view import end_state_text, end_state_view
 
     if device_index is not None:
@@ -96,8 +96,7 @@ def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | 
     width = max(60, min(160, shutil.get_terminal_size().columns))
     parts = []
     for device in devices:
-        segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
-        view = end_state_view(segments, snapshot_name(path))
+        view = end_state_view(device_segments(snapshot, device), snapshot_name(path))
         text = end_state_text(view, width=width)
         parts.append(f"{view.title} (recorded device {device})\n{text}")
     return "\n".join(parts)
@@ -187,7 +186,7 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
-    from ..trace._snapshot import snapshot_devices
+    from ..trace._snapshot import device_segments, snapshot_devices
     from ..view import segment_text
 
     snapshot = _read_snapshot_file(args.file, progress=_show_progress(args))
@@ -197,7 +196,7 @@ def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
     else:  # every device with segments or history (device 0 of an empty snapshot)
         in_use = snapshot_devices(snapshot, in_use=True)
         devices = in_use or [0]
-    mine = [[s for s in snapshot["segments"] if s.get("device", 0) == d] for d in devices]
+    mine = [device_segments(snapshot, d) for d in devices]
     if len(devices) == 1:
         print(segment_text(mine[0]))
         return 0

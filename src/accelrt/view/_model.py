@@ -27,7 +27,7 @@ from .._units import format_bytes
 from ..memory._history import SegmentInfo
 from ..trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, _signed
 from ..trace._format import Trace, _lines_of, _text_chunks
-from ..trace._snapshot import devices_with_history, trace_from_snapshot
+from ..trace._snapshot import device_segments, devices_with_history, trace_from_snapshot
 from ..trace._snapshot_schema import read_snapshot
 from ._stacks import CleanStack, clean_stack
 
@@ -570,7 +570,7 @@ def snapshot_details(snapshot: dict[str, Any], trace: Trace) -> RecordedDetails:
     return recorded_details(
         trace,
         snapshot["device_traces"][device],
-        [s for s in snapshot["segments"] if s.get("device", 0) == device],
+        device_segments(snapshot, device),
     )
 
 
@@ -1055,8 +1055,7 @@ class SnapshotPicture:
         has_history = devices_with_history(snapshot)
         if not has_history or (device_index is not None and device_index not in has_history):
             device = device_index or 0
-            segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
-            return cls(title, end_state=end_state_view(segments, title))
+            return cls(title, end_state=end_state_view(device_segments(snapshot, device), title))
         trace = trace_from_snapshot(snapshot, device=device_index, path=os.fspath(path))
         return cls(title, trace, snapshot_details(snapshot, trace))
 
