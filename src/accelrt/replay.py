@@ -44,7 +44,7 @@ from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from .trace._format import Trace
 from .trace._rewind import UNLIMITED_CAPACITY
 
-__all__ = ["OomRecord", "ReplayReport", "replay"]
+__all__ = ["OomRecord", "ReplayReport", "replay", "replay_settings"]
 
 ProgressCallback = Callable[[int, int], None]
 _PROGRESS_EVERY = 4096
@@ -237,6 +237,20 @@ def _open_device(
     return backend, index
 
 
+def replay_settings(trace: Trace, config: AllocatorConfig | str | None) -> AllocatorConfig:
+    """The settings :func:`replay` runs ``trace`` under: ``config``, else a recording's own
+    (its snapshot's ``allocator_settings``), else the defaults.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad ``config`` (:meth:`AllocatorConfig.coerce`).
+    """
+    if config is None and trace.recording is not None:
+        return trace.recording.settings
+    return AllocatorConfig.coerce(config)
+
+
 def replay(
     trace: Trace,
     *,
@@ -298,10 +312,7 @@ def replay(
     """
     check_start(start)
     recording = trace.recording
-    if config is None and recording is not None:
-        settings = recording.settings
-    else:
-        settings = AllocatorConfig.coerce(config)
+    settings = replay_settings(trace, config)
     kind: StartKind = "empty"
     if recording is not None and recording.start_segments:
         largest = largest_size(recording, int(trace.events.size.max(initial=0)))
