@@ -246,23 +246,21 @@ class AllocatorConfig:
         """
         if not recorded:
             return cls()
-        parts = []
+        items: dict[str, str] = {}  # what the string form would say, key by key
         max_split = recorded.get("max_split_size", -1)
         if isinstance(max_split, int) and 0 < max_split < (1 << 62):
-            parts.append(f"max_split_size_mb:{max_split // MiB}")
+            items["max_split_size_mb"] = str(max_split // MiB)
         threshold = recorded.get("garbage_collection_threshold", 0.0)
         if isinstance(threshold, (int, float)) and threshold > 0:
-            parts.append(f"garbage_collection_threshold:{threshold}")
+            items["garbage_collection_threshold"] = str(threshold)
         if recorded.get("expandable_segments") is True:
-            parts.append("expandable_segments:True")
+            items["expandable_segments"] = "True"
         divisions = recorded.get("roundup_power2_divisions")
         if isinstance(divisions, Mapping) and any(divisions.values()):
             ordered = sorted(_recorded_division(k, v) for k, v in divisions.items())
-            parts.append(
-                "roundup_power2_divisions:[" + ",".join(f"{k}:{v}" for k, v in ordered) + "]"
-            )
+            items["roundup_power2_divisions"] = "[" + ",".join(f"{k}:{v}" for k, v in ordered) + "]"
         try:
-            return cls.parse(",".join(parts))
+            return cls.coerce(items)
         except ValueError as exc:
             raise InputError(f"{exc} (a recorded setting: the snapshot is damaged)") from None
 
