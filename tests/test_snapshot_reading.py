@@ -232,7 +232,7 @@ def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
         end_segments=[s for s in snapshot["segments"] if s.get("device", 0) == 0],
     )
     del snapshot  # the picture does not need it
-    drawn = picture.draw(16)
+    drawn = picture.draw(replay(picture.trace, capture_at=picture.capture_at(16)))
     for name in ("start", "end", "size", "addr", "stack", "event_kind", "event_alloc", "times"):
         assert np.array_equal(getattr(drawn, name), getattr(whole, name)), name
     assert drawn.stacks == whole.stacks and drawn.moments == whole.moments
@@ -250,15 +250,19 @@ def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
 def test_a_recording_of_many_segments_captures_fewer_moments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from accelrt.replay import replay
     from accelrt.view import _model, picture_moments
 
     picture = SnapshotPicture.take(MAPHSGE4, read_snapshot(MAPHSGE4), 0)
-    assert picture.trace is not None and picture.trace.recording is not None
-    segments = max(
-        len(picture.trace.recording.start_segments), picture.trace.recording.segments_at_end
-    )
-    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 240))
+    trace = picture.trace
+    assert trace is not None and trace.recording is not None
+    segments = max(len(trace.recording.start_segments), trace.recording.segments_at_end)
+
+    def drawn() -> int:
+        return len(picture.draw(replay(trace, capture_at=picture.capture_at())).moments)
+
+    assert drawn() == len(picture_moments(trace, 240))
     monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", 30 * segments)
-    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 30))
+    assert drawn() == len(picture_moments(trace, 30))
     monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", segments)  # never fewer than 24
-    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 24))
+    assert drawn() == len(picture_moments(trace, 24))

@@ -91,8 +91,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     snapshot: dict[str, Any] | None = None
     show_progress = _show_progress(args)
     if sniff(args.trace) == "pickle":
-        snapshot = _read_snapshot_file(args.trace, progress=show_progress)
-        traces = _snapshot_traces(args.trace, snapshot, args.device_index)
+        checked = _read_snapshot_file(args.trace, progress=show_progress)
+        traces = _snapshot_traces(args.trace, checked, args.device_index)
+        snapshot = checked.data
     else:
         traces = [load(args.trace, include_host=args.include_host, device_index=args.device_index)]
     recording = traces[0].recording is not None

@@ -12,7 +12,7 @@ import re
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -140,10 +140,17 @@ def sniff(path: str | os.PathLike[str]) -> str:
         If the file cannot be opened (missing, a directory, no permission).
     """
     with open(path, "rb") as f:
-        head = f.read(64)
+        return sniff_file(f)
+
+
+def sniff_file(f: BinaryIO) -> str:
+    """:func:`sniff` of a file open for binary reading, from its start; it is left at some
+    position after its first bytes (seek back to read it)."""
+    head = f.read(64)
     if head.startswith(_GZIP_MAGIC):
+        f.seek(0)
         try:
-            with gzip.open(path, "rb") as z:
+            with gzip.GzipFile(fileobj=f, mode="rb") as z:
                 head = z.read(64)
         except (OSError, EOFError, zlib.error):
             return "gzip"

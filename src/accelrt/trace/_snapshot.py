@@ -38,6 +38,7 @@ from ._rewind import (
     restorable_start,
 )
 from ._snapshot_schema import (
+    CheckedSnapshot,
     Problem,
     check_entries,
     check_snapshot,
@@ -164,13 +165,15 @@ def devices_text(devices: list[int]) -> str:
     return f"{', '.join(map(str, devices[:4]))}, ..., {devices[-1]} ({len(devices)} devices)"
 
 
-def traces_from_snapshot(snapshot: dict[str, Any], *, path: str | None = None) -> list[Trace]:
+def traces_from_snapshot(
+    snapshot: dict[str, Any] | CheckedSnapshot, *, path: str | None = None
+) -> list[Trace]:
     """Turn every device of a snapshot that recorded history into a trace, in device order.
 
     Parameters
     ----------
-    snapshot : dict
-        From :func:`read_snapshot`.
+    snapshot : dict or CheckedSnapshot
+        From :func:`read_snapshot` (or ``read_checked_snapshot``: not checked again).
     path : str, optional
         The file it came from (for the traces' names and messages).
 
@@ -186,20 +189,25 @@ def traces_from_snapshot(snapshot: dict[str, Any], *, path: str | None = None) -
         As :func:`trace_from_snapshot`, for the snapshot or any of its devices (a snapshot
         without allocation history included).
     """
-    devices: list[int | None] = [*devices_with_history(snapshot)]
+    data = snapshot.data if isinstance(snapshot, CheckedSnapshot) else snapshot
+    devices: list[int | None] = [*devices_with_history(data)]
     # none with history: trace_from_snapshot says what is wrong
     return [trace_from_snapshot(snapshot, device=d, path=path) for d in devices or [None]]
 
 
 def trace_from_snapshot(
-    snapshot: dict[str, Any], *, device: int | None = None, path: str | None = None
+    snapshot: dict[str, Any] | CheckedSnapshot,
+    *,
+    device: int | None = None,
+    path: str | None = None,
 ) -> Trace:
     """Turn one device of a snapshot into a replayable trace with its :class:`Recording`.
 
     Parameters
     ----------
-    snapshot : dict
-        From :func:`read_snapshot` (a dict made otherwise is checked the same way).
+    snapshot : dict or CheckedSnapshot
+        From :func:`read_snapshot` (a dict made otherwise is checked the same way), or from
+        ``read_checked_snapshot``: checked when it was read, not again.
     device : int, optional
         Which device; default the only device with events (an error if several have some).
     path : str, optional
@@ -225,9 +233,13 @@ def trace_from_snapshot(
         at once: :func:`traces_from_snapshot`.
     """
     where = path or "snapshot"
-    if not isinstance(snapshot, dict):
+    checked = snapshot if isinstance(snapshot, CheckedSnapshot) else None
+    if checked is not None:
+        snapshot = checked.data
+    elif not isinstance(snapshot, dict):
         raise TraceFormatError(f"{where}: expected a snapshot dict, got {describe(snapshot)}")
-    check_snapshot(snapshot, where, entries=False)
+    else:
+        check_snapshot(snapshot, where, entries=False)
     traces = snapshot.get("device_traces") or []
     with_events = devices_with_history(snapshot)
     if not with_events:
@@ -249,17 +261,20 @@ def trace_from_snapshot(
             f"{devices_text(with_events)}; choose one of those"
         )
     entries = traces[device]
-    try:
-        totals = check_entries(entries, f"device_traces[{device}]")
-    except Problem as exc:
-        raise TraceFormatError(f"{where}: {exc}") from None
+    if checked is not None:
+        totals = checked.totals[device]
+    else:
+        try:
+            totals = check_entries(entries, f"device_traces[{device}]")
+        except Problem as exc:
+            raise TraceFormatError(f"{where}: {exc}") from None
     if totals.too_large is not None:
         size = entries[totals.too_large]["size"]
         raise TraceFormatError(
             f"{where}: device_traces[{device}][{totals.too_large}].size: an allocation of "
             f"{size} bytes, more than any device has (at most 2**60)"
         )
-    settings = settings_of(snapshot, where)
+    settings = checked.settings if checked is not None else settings_of(snapshot, where)
     end_segments = device_segments(snapshot, device)
     reserved_end = sum(s["total_size"] for s in end_segments)
     grown, shrunk = totals.grown, totals.shrunk

@@ -15,7 +15,7 @@ import json
 import operator
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,7 +28,7 @@ from ..memory._history import SegmentInfo
 from ..trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, _signed
 from ..trace._format import Trace, _lines_of, _text_chunks
 from ..trace._snapshot import device_segments, devices_with_history, trace_from_snapshot
-from ..trace._snapshot_schema import read_snapshot
+from ..trace._snapshot_schema import CheckedSnapshot, read_checked_snapshot
 from ._stacks import CleanStack, clean_stack
 
 if TYPE_CHECKING:
@@ -976,14 +976,17 @@ def view_of_snapshot(
     *,
     device_index: int | None = None,
     moments: int | None = None,
-    snapshot: dict[str, Any] | None = None,
+    snapshot: dict[str, Any] | CheckedSnapshot | None = None,
 ) -> View:
-    """Build the picture of a snapshot pickle (PyTorch's or accelrt's).
+    """Build the picture of a snapshot pickle (PyTorch's or accelrt's): read, replayed, drawn.
 
-    With allocation history, the history is replayed exactly from its rewound start (so the
-    segment map can be shown at any captured moment); without, the end state: its segment
-    map, and the blocks allocated then (with their stacks) as what was live, nothing over time
-    (``view.history`` is False).
+    The one call for a library user; it composes what the ``snapshot view`` command does step
+    by step (read and check the file once, :meth:`SnapshotPicture.take`, replay the history
+    with :meth:`SnapshotPicture.capture_at`, :meth:`SnapshotPicture.draw`). With allocation
+    history, the history is replayed exactly from its rewound start (so the segment map can be
+    shown at any captured moment); without, the end state: its segment map, and the blocks
+    allocated then (with their stacks) as what was live, nothing over time (``view.history``
+    is False).
 
     Parameters
     ----------
@@ -991,8 +994,8 @@ def view_of_snapshot(
     device_index : int, optional
         The recorded device (default: the only one with history, else 0).
     moments : int, optional
-        About how many segment maps to capture (see :meth:`SnapshotPicture.draw`).
-    snapshot : dict, optional
+        About how many segment maps to capture (see :meth:`SnapshotPicture.capture_at`).
+    snapshot : dict or CheckedSnapshot, optional
         The snapshot of ``path``, already read (:func:`~accelrt.trace.read_snapshot`): the
         file is not read again.
 
@@ -1005,12 +1008,16 @@ def view_of_snapshot(
     TraceFormatError
         For a pickle that is not a plain-data snapshot (nothing in it runs).
     """
+    from ..replay import replay
+
     with collector_paused():  # a container per entry, no cycle among them
-        if snapshot is None:
-            snapshot = read_snapshot(path)
-        picture = SnapshotPicture.take(path, snapshot, device_index)
-        del snapshot  # (where this call read it) the picture holds what it shows
-        return picture.draw(moments)
+        read = read_checked_snapshot(path) if snapshot is None else snapshot
+        picture = SnapshotPicture.take(path, read, device_index)
+        del read, snapshot  # (where this call read it) the picture holds what it shows
+        report = None
+        if picture.trace is not None:
+            report = replay(picture.trace, capture_at=picture.capture_at(moments))
+        return picture.draw(report)
 
 
 @dataclass(frozen=True)
@@ -1018,7 +1025,8 @@ class SnapshotPicture:
     """The picture of one device of a snapshot: what it shows, taken from the snapshot.
 
     :meth:`take` takes it; the snapshot (its entries, a dict each, are most of its memory) can
-    then go before :meth:`draw` replays the history.
+    then go before the history is replayed (by the caller, capturing :meth:`capture_at`) and
+    :meth:`draw` builds the picture from that replay. Nothing here reads a file or replays.
 
     Attributes
     ----------
@@ -1041,10 +1049,13 @@ class SnapshotPicture:
     def take(
         cls,
         path: str | os.PathLike[str],
-        snapshot: dict[str, Any],
+        snapshot: dict[str, Any] | CheckedSnapshot,
         device_index: int | None = None,
     ) -> SnapshotPicture:
         """Take the picture of a device (default: the only one with history, else 0).
+
+        ``snapshot`` as read (:func:`~accelrt.trace.read_snapshot`, or checked once already:
+        ``read_checked_snapshot``); ``path`` names it.
 
         Raises
         ------
@@ -1052,20 +1063,17 @@ class SnapshotPicture:
             As :func:`~accelrt.trace._snapshot.trace_from_snapshot`.
         """
         title = os.path.basename(os.fspath(path)).rsplit(".", 1)[0]
-        has_history = devices_with_history(snapshot)
+        data = snapshot.data if isinstance(snapshot, CheckedSnapshot) else snapshot
+        has_history = devices_with_history(data)
         if not has_history or (device_index is not None and device_index not in has_history):
             device = device_index or 0
-            return cls(title, end_state=end_state_view(device_segments(snapshot, device), title))
+            return cls(title, end_state=end_state_view(device_segments(data, device), title))
         trace = trace_from_snapshot(snapshot, device=device_index, path=os.fspath(path))
-        return cls(title, trace, snapshot_details(snapshot, trace))
+        return cls(title, trace, snapshot_details(data, trace))
 
-    def draw(
-        self,
-        moments: int | None = None,
-        *,
-        run: Callable[..., ReplayReport] | None = None,
-    ) -> View:
-        """Replay the history, capturing ``moments`` segment maps, and build the picture.
+    def capture_at(self, moments: int | None = None) -> list[int]:
+        """The events after which the replay of :attr:`trace` captures the segment map for
+        :meth:`draw` (``replay(trace, capture_at=...)``); none without history.
 
         Parameters
         ----------
@@ -1074,9 +1082,17 @@ class SnapshotPicture:
             spreads them (``DEFAULT_MOMENTS``, or fewer where the recording holds so many
             segments or allocations that the maps would hold more than ``CAPTURED_SEGMENTS``
             segments or ``CAPTURED_BLOCKS`` blocks together; at least ``MIN_MOMENTS``).
-        run : callable, optional
-            What replays the trace: called as ``run(trace, capture_at=...)`` (default
-            :func:`accelrt.replay.replay`; e.g. one that shows progress).
+        """
+        return [] if self.trace is None else picture_moments(self.trace, moments)
+
+    def draw(self, report: ReplayReport | None = None) -> View:
+        """Build the picture from the replay of :attr:`trace` that captured :meth:`capture_at`.
+
+        Parameters
+        ----------
+        report : ReplayReport, optional
+            That replay (on whichever device, with whichever settings); None: the timeline
+            only. Not used for a device without history (its end state is drawn already).
 
         Returns
         -------
@@ -1085,11 +1101,6 @@ class SnapshotPicture:
         if self.trace is None:
             assert self.end_state is not None
             return self.end_state
-        if run is None:
-            from ..replay import replay
-
-            run = replay
-        report = run(self.trace, capture_at=picture_moments(self.trace, moments))
         return view_of_trace(self.trace, report, title=self.title, details=self.details)
 
 
