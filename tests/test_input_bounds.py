@@ -18,7 +18,15 @@ import pytest
 
 from accelrt.trace import Trace, TraceEvent, TraceFormatError, _columns, _format
 from accelrt.trace._format import _load_jsonl_reference, load_jsonl
-from accelrt.view import _model, _render, picture_moments, render_html, view_of_trace
+from accelrt.view import (
+    _model,
+    _moments,
+    _recorded,
+    _render,
+    picture_moments,
+    render_html,
+    view_of_trace,
+)
 
 MiB = 1 << 20
 HEADER = json.dumps({"type": "header", "format": "alloc-trace-jsonl", "format_version": 1})
@@ -63,7 +71,7 @@ def test_blocks_take_their_address_else_the_oldest_unused_allocation_of_their_si
             (905, 100, allocated),  # none left
         ]
     )
-    moment = _model._Moments(view).moment(6, [segment])
+    moment = _moments._Moments(view).moment(6, [segment])
     [[_, _, _, _, blocks]] = moment["segments"]
     assert [owner for _, _, owner in blocks] == [3, 0, 1, 2, 4, -1, -1, 5, -1]
     assert [code for _, code, _ in blocks] == [0, 0, 0, 0, 1, 0, 2, 0, 0]
@@ -75,7 +83,7 @@ def test_many_blocks_of_one_size_are_matched_in_one_pass() -> None:
     n = 50_000
     view = _same_size_view(n)
     blocks = [(10**9 + i, 100, "active_allocated") for i in range(n)]
-    moment = _model._Moments(view).moment(n, [_segment(blocks)])
+    moment = _moments._Moments(view).moment(n, [_segment(blocks)])
     [[_, _, _, _, matched]] = moment["segments"]
     assert [owner for _, _, owner in matched] == list(range(n))
 
@@ -95,9 +103,9 @@ def test_a_trace_of_many_live_allocations_captures_fewer_moments(
 ) -> None:
     trace = Trace({"name": "many"}, _events_with_peak(1000))
     assert picture_moments(trace) == picture_moments(trace, 240)  # 240,000 blocks: all
-    monkeypatch.setattr(_model, "CAPTURED_BLOCKS", 50 * 1000)  # 1000 at once, not 2000
+    monkeypatch.setattr(_moments, "CAPTURED_BLOCKS", 50 * 1000)  # 1000 at once, not 2000
     assert picture_moments(trace) == picture_moments(trace, 50)
-    monkeypatch.setattr(_model, "CAPTURED_BLOCKS", 1000)  # never fewer than MIN_MOMENTS
+    monkeypatch.setattr(_moments, "CAPTURED_BLOCKS", 1000)  # never fewer than MIN_MOMENTS
     assert picture_moments(trace) == picture_moments(trace, 24)
     assert len(picture_moments(trace, 240)) > len(picture_moments(trace, 50)) > 24
 
@@ -330,7 +338,7 @@ def test_distinct_stacks_that_share_frames_are_found_in_one_pass() -> None:
     # 20,000 distinct stacks of one length, alike a quarter, half and three quarters of the
     # way: each was compared with every one before it (2 * 10**8 list comparisons)
     n = 20_000
-    stacks = _model._Stacks()
+    stacks = _recorded._Stacks()
     recorded = [_stack(i) for i in range(n)]  # alive while interned, as a snapshot's are
     assert [stacks.intern(frames) for frames in recorded] == list(range(n))
     assert len(stacks.stacks) == n
@@ -360,21 +368,21 @@ def test_a_stack_put_together_from_its_frames_is_what_clean_stack_makes(
         7,
     ]
     calls: list[int] = []
-    clean = _model.clean_stack
+    clean = _recorded.clean_stack
 
     def counted(frames: Any) -> Any:
         calls.append(len(frames))
         return clean(frames)
 
-    monkeypatch.setattr(_model, "clean_stack", counted)
+    monkeypatch.setattr(_recorded, "clean_stack", counted)
     rng = random.Random(3)
     recorded = [[rng.choice(kinds) for _ in range(rng.randrange(1, 12))] for _ in range(500)]
-    stacks = _model._Stacks()
+    stacks = _recorded._Stacks()
     for frames in recorded:
         assert stacks.stacks[stacks.intern(frames)] == clean(frames)
     assert calls == [1] * len(kinds)  # each frame cleaned once, alone
-    monkeypatch.setattr(_model, "_CLEANED_FRAMES", 3)  # forgotten, and cleaned again
-    forgetful = _model._Stacks()
+    monkeypatch.setattr(_recorded, "_CLEANED_FRAMES", 3)  # forgotten, and cleaned again
+    forgetful = _recorded._Stacks()
     for frames in recorded[:50]:
         assert forgetful.stacks[forgetful.intern(frames)] == clean(frames)
     assert stacks.add("not a list") == len(stacks.stacks) - 1
@@ -385,7 +393,7 @@ def test_the_page_sends_the_stacks_a_few_at_a_time_as_one_json(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     view = _same_size_view(3)
-    stacks = _model._Stacks()
+    stacks = _recorded._Stacks()
     view.stack[:] = [stacks.intern(_stack(i)) for i in range(3)]
     view.stacks = stacks.stacks
     whole = render_html(view)

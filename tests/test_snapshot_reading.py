@@ -251,7 +251,7 @@ def test_a_recording_of_many_segments_captures_fewer_moments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from accelrt.replay import replay
-    from accelrt.view import _model, picture_moments
+    from accelrt.view import _moments, picture_moments
 
     picture = SnapshotPicture.take(MAPHSGE4, read_snapshot(MAPHSGE4), 0)
     trace = picture.trace
@@ -262,7 +262,7 @@ def test_a_recording_of_many_segments_captures_fewer_moments(
         return len(picture.draw(replay(trace, capture_at=picture.capture_at())).moments)
 
     assert drawn() == len(picture_moments(trace, 240))
-    monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", 30 * segments)
+    monkeypatch.setattr(_moments, "CAPTURED_SEGMENTS", 30 * segments)
     assert drawn() == len(picture_moments(trace, 30))
-    monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", segments)  # never fewer than 24
+    monkeypatch.setattr(_moments, "CAPTURED_SEGMENTS", segments)  # never fewer than 24
     assert drawn() == len(picture_moments(trace, 24))
