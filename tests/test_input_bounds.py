@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from accelrt.trace import Trace, TraceEvent, TraceFormatError, _columns, _format
-from accelrt.trace._format import _load_jsonl_reference, load_jsonl
+from accelrt.trace import Trace, TraceEvent, TraceFormatError, _columns, _jsonl
+from accelrt.trace._jsonl import _load_jsonl_reference, load_jsonl
 from accelrt.view import (
     _model,
     _moments,
@@ -135,7 +135,7 @@ def test_a_line_of_gibibytes_is_refused_after_the_limit(
     path = tmp_path / "one_line.jsonl.gz"
     path.write_bytes(_members((HEADER.encode() + b"\n\n", 1), (b"a" * MiB, 2048)))  # 2 GiB
     read: list[int] = []
-    opened = _format._open_binary
+    opened = _jsonl._open_binary
 
     class Counted:
         """The decompressed file, counting the bytes read from it."""
@@ -154,20 +154,20 @@ def test_a_line_of_gibibytes_is_refused_after_the_limit(
             read.append(len(data))
             return data
 
-    monkeypatch.setattr(_format, "_open_binary", Counted)
+    monkeypatch.setattr(_jsonl, "_open_binary", Counted)
     assert _outcome(path) == (
         f"{path}:3: line longer than 16777216 bytes (16.00 MiB), the most a trace line may have "
         "(an event is a line of about 100 bytes)"
     )
-    assert sum(read) <= 2 * (_format.MAX_LINE_BYTES + 2 * _format._CHUNK_BYTES)  # two readers
+    assert sum(read) <= 2 * (_jsonl.MAX_LINE_BYTES + 2 * _jsonl._CHUNK_BYTES)  # two readers
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
 def test_the_line_limit_is_exact_and_numbered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, newline: str
 ) -> None:
-    monkeypatch.setattr(_format, "_CHUNK_BYTES", 7)  # lines cut across many reads
-    monkeypatch.setattr(_format, "MAX_LINE_BYTES", 65)
+    monkeypatch.setattr(_jsonl, "_CHUNK_BYTES", 7)  # lines cut across many reads
+    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 65)
     limit = "line longer than 65 bytes (65 bytes), the most a trace line may have"
     fits = '{"action":"alloc","addr":32,"size":8,"op":"' + "x" * 20 + '"}'
     assert len(fits) == 65
@@ -206,7 +206,7 @@ def _scanned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         sizes.append(len(data))
         return scan(data, shapes)
 
-    monkeypatch.setattr(_format, "scan_lines", counted)
+    monkeypatch.setattr(_jsonl, "scan_lines", counted)
     return sizes
 
 
@@ -248,7 +248,7 @@ def test_lines_are_numbered_as_written_whatever_blank_lines_and_reads(
     # other's reference for what the line assembly does
     rng = random.Random(seed)
     for case in range(40):
-        monkeypatch.setattr(_format, "_CHUNK_BYTES", rng.choice([1, 3, 16, 64, 1000, MiB]))
+        monkeypatch.setattr(_jsonl, "_CHUNK_BYTES", rng.choice([1, 3, 16, 64, 1000, MiB]))
         lines, addrs = [HEADER], []
         for _ in range(rng.randrange(1, 300)):
             if rng.random() < 0.7:
@@ -299,7 +299,7 @@ def test_a_cr_lf_cut_between_reads_ends_one_line(
     path = tmp_path / "crlf.jsonl"
     path.write_bytes(data)
     for chunk in range(1, len(data) + 1):
-        monkeypatch.setattr(_format, "_CHUNK_BYTES", chunk)
+        monkeypatch.setattr(_jsonl, "_CHUNK_BYTES", chunk)
         assert _outcome(path) == f"{path}:6: expected a JSON object, got '[1]'"
 
 

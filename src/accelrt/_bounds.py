@@ -33,7 +33,7 @@ from .trace._snapshot import _FAILED_ADDR
 if TYPE_CHECKING:
     from .trace._columns import TraceEvents
     from .trace._format import Trace
-    from .trace._snapshot import Recording
+    from .trace._recording import Recording
 
 __all__ = ["LowerBounds", "lower_bounds"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ._units import format_bytes
 from .memory._config import AllocatorConfig
-from .trace._rewind import UNLIMITED_CAPACITY
+from .trace._recording import UNLIMITED_CAPACITY
 
 if TYPE_CHECKING:
     from .replay import ReplayReport

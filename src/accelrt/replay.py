@@ -42,7 +42,7 @@ from .memory._history import SegmentInfo
 from .memory._policy import MAX_REQUEST_BYTES
 from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from .trace._format import Trace
-from .trace._rewind import UNLIMITED_CAPACITY
+from .trace._recording import UNLIMITED_CAPACITY
 
 __all__ = ["OomRecord", "ReplayReport", "replay", "replay_settings"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..replay import replay
-from ..trace._rewind import UNLIMITED_CAPACITY
+from ..trace._recording import UNLIMITED_CAPACITY
 
 if TYPE_CHECKING:
     from ..memory._config import AllocatorConfig

@@ -11,7 +11,7 @@ from .._text import printable
 from .._units import format_bytes
 from ..memory._config import setting_text
 from ..replay import ReplayReport
-from ..trace._rewind import UNLIMITED_CAPACITY
+from ..trace._recording import UNLIMITED_CAPACITY
 from ._model import SweepResult, SweepResults
 
 

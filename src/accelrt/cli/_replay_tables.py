@@ -75,7 +75,7 @@ def _print_reports(
     view = (
         "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
     )
-    from ..trace._rewind import UNLIMITED_CAPACITY
+    from ..trace._recording import UNLIMITED_CAPACITY
 
     capacity = (
         "unlimited"

@@ -10,7 +10,6 @@ trace; this module only rewinds.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from dataclasses import dataclass
 from typing import Any
 
 from ..memory._config import AllocatorConfig
@@ -24,56 +23,17 @@ from ..memory._policy import (
     should_split,
 )
 from ._format import TraceFormatError
+from ._recording import UNLIMITED_CAPACITY, UNMAPPED, BlockState, SegmentState
 from ._snapshot_schema import ALLOCATED_STATES, MAX_FILE_VALUE
 
 __all__ = [
-    "UNLIMITED_CAPACITY",
-    "UNMAPPED",
-    "BlockState",
     "Rewind",
-    "SegmentState",
     "blocks_of",
     "expandable_groups",
     "pool_returns",
     "range_pools",
     "restorable_start",
 ]
-
-UNLIMITED_CAPACITY = 1 << 50
-"""Simulated capacity for a recording that shows no limit (1 PiB: it never runs out)."""
-
-
-UNMAPPED = -1
-"""``BlockState.requested_size`` of an unmapped block of an expandable segment."""
-
-
-@dataclass(frozen=True)
-class BlockState:
-    """A block of a segment at one moment: its bytes and what it holds.
-
-    ``requested_size`` is the requested bytes of an allocated block, 0 for a free block and
-    ``UNMAPPED`` (-1) for address space of an expandable segment with no memory behind it.
-    """
-
-    address: int
-    size: int
-    requested_size: int
-
-
-@dataclass(frozen=True)
-class SegmentState:
-    """A segment at one moment: its address, bytes, owning stream and blocks (address order).
-
-    For an expandable segment (``is_expandable``) the blocks tile the part of its reserved
-    range the recording touched, unmapped stretches included; ``is_small`` says its pool.
-    """
-
-    address: int
-    size: int
-    stream: int
-    blocks: tuple[BlockState, ...]
-    is_small: bool
-    is_expandable: bool = False
 
 
 class Rewind:

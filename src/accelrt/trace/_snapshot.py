@@ -16,10 +16,8 @@ exactly (docs/allocator.md section 13) this module
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
-from ..memory._config import AllocatorConfig
 from ..memory._policy import (
     K_SMALL_BUFFER,
     MAX_REQUEST_BYTES,
@@ -28,9 +26,9 @@ from ..memory._policy import (
 from ._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from ._format import Trace, TraceFormatError
 from ._plain_pickle import describe
+from ._recording import Recording
 from ._rewind import (
     Rewind,
-    SegmentState,
     blocks_of,
     expandable_groups,
     pool_returns,
@@ -58,54 +56,6 @@ __all__ = [
 
 _FAILED_ADDR = 0
 """The address of a request that ran out of memory (it never got one)."""
-
-
-@dataclass(frozen=True)
-class Recording:
-    """What a snapshot recorded beyond the allocation events: enough to replay it exactly.
-
-    Attributes
-    ----------
-    device : int
-        The device index the trace is of.
-    start_segments : tuple of SegmentState
-        The segments and blocks when recording began (rewound from the end state); each one
-        can be restored by ``CachingAllocator.restore_segment`` on the simulated device.
-    segment_addresses : tuple of (int, int)
-        ``(address, bytes)`` of each ``segment_alloc`` in order: where the device put new
-        segments.
-    settings : AllocatorConfig
-        The recorded ``allocator_settings`` (defaults when the snapshot has none).
-    reserved_at_start_bytes, reserved_at_end_bytes, peak_reserved_bytes : int
-        PyTorch's reserved bytes when recording began, at the end, and at the peak.
-    num_device_alloc, num_device_free : int
-        ``segment_alloc``/``segment_map`` and ``segment_free``/``segment_unmap`` entries.
-    segments_at_end : int
-        Segments in the end state.
-    num_ooms : int
-        ``oom`` entries.
-    capacity_bytes : int or None
-        The device's memory where the recording shows it (an ``oom`` entry's free bytes plus
-        what was reserved then), else None; None too where that would not hold the start state.
-    inconsistent_events : int
-        Events the rewind could not place (the ring buffer dropped their context), plus
-        segments left out of the start state because their blocks do not tile them, they
-        overlap another segment, or the allocator could not restore them as they are.
-    """
-
-    device: int
-    start_segments: tuple[SegmentState, ...]
-    segment_addresses: tuple[tuple[int, int], ...]
-    settings: AllocatorConfig
-    reserved_at_start_bytes: int
-    reserved_at_end_bytes: int
-    peak_reserved_bytes: int
-    num_device_alloc: int
-    num_device_free: int
-    segments_at_end: int
-    num_ooms: int
-    capacity_bytes: int | None
-    inconsistent_events: int
 
 
 def devices_with_history(snapshot: dict[str, Any]) -> list[int]:

@@ -15,7 +15,8 @@ import numpy as np
 from .._gc import collector_paused
 from .._units import format_bytes
 from ..trace._columns import OP_ALLOC, OP_FREE, _signed
-from ..trace._format import Trace, _lines_of, _text_chunks
+from ..trace._format import Trace
+from ..trace._jsonl import _lines_of, _text_chunks
 from ._model import (
     EVENT_ALLOC,
     EVENT_EMPTY_CACHE,
