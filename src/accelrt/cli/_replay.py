@@ -76,8 +76,8 @@ def _check_device(device: str, capacity: int | None) -> None:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .._verdict import oom_verdict
     from ..replay import replay_settings
-    from ..trace import load
     from ..trace._format import sniff
+    from ..trace._load import load_sniffed
     from ..trace._snapshot import snapshot_name
     from ..view import picture_moments
 
@@ -90,12 +90,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     # the readers refuse a malformed file with an InputError naming it (one line)
     snapshot: dict[str, Any] | None = None
     show_progress = _show_progress(args)
-    if sniff(args.trace) == "pickle":
+    kind = sniff(args.trace)
+    if kind == "pickle":
         checked = _read_snapshot_file(args.trace, progress=show_progress)
         traces = _snapshot_traces(args.trace, checked, args.device_index)
         snapshot = checked.data
     else:
-        traces = [load(args.trace, include_host=args.include_host, device_index=args.device_index)]
+        index, host = args.device_index, args.include_host
+        traces = [load_sniffed(args.trace, kind, include_host=host, device_index=index)]
     recording = traces[0].recording is not None
     # a PyTorch recording replays on the simulated device with its recorded settings
     device = args.device or ("sim" if recording else _default_device())

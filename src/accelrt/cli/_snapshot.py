@@ -104,12 +104,13 @@ def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | 
 
 def _diff_side(path: str, device_index: int | None) -> tuple[dict[str, Any] | None, list[Trace]]:
     """One side of a diff: the snapshot it read (None for a JSONL trace) and its traces."""
-    from ..trace import load
     from ..trace._format import sniff
+    from ..trace._load import load_sniffed
 
     _input_file(path, "a snapshot pickle or an accelrt trace (.jsonl.gz)")
-    if sniff(path) != "pickle":
-        return None, [load(path)]
+    kind = sniff(path)
+    if kind != "pickle":
+        return None, [load_sniffed(path, kind)]
     checked = _read_snapshot_file(path)
     return checked.data, _snapshot_traces(path, checked, device_index)
 

@@ -9,7 +9,7 @@ from ._jsonl import load_jsonl
 from ._snapshot import trace_from_snapshot
 from ._snapshot_schema import read_checked_snapshot
 
-__all__ = ["load"]
+__all__ = ["load", "load_sniffed"]
 
 
 def load(
@@ -48,6 +48,19 @@ def load(
         raise TraceFormatError(
             f"{name} {what}; give an accelrt trace (.jsonl.gz) or a snapshot pickle"
         ) from None
+    return load_sniffed(path, kind, include_host=include_host, device_index=device_index)
+
+
+def load_sniffed(
+    path: str | os.PathLike[str],
+    kind: str,
+    *,
+    include_host: bool = False,
+    device_index: int | None = None,
+) -> Trace:
+    """:func:`load` of a file already told apart (``kind``: what ``sniff`` said), so that it
+    is not opened again to ask."""
+    name = os.fspath(path)
     if kind == "pickle":
         return trace_from_snapshot(read_checked_snapshot(name), device=device_index, path=name)
     if kind in ("gzip", "unknown"):
