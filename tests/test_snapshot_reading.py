@@ -266,3 +266,42 @@ def test_a_recording_of_many_segments_captures_fewer_moments(
     assert drawn() == len(picture_moments(trace, 30))
     monkeypatch.setattr(_moments, "CAPTURED_SEGMENTS", segments)  # never fewer than 24
     assert drawn() == len(picture_moments(trace, 24))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["snapshot", "view", "{file}", "-o", "{out}/page.html"],
+        ["snapshot", "summary", "{file}"],
+        ["snapshot", "segments", "{file}"],
+        ["replay", "{file}"],
+    ],
+)
+def test_a_command_opens_reads_and_checks_a_snapshot_once(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelrt.trace import _snapshot, _snapshot_schema
+
+    snapshot = Path(__file__).parent.parent / "examples" / "traces" / "two_device_midrun.pickle"
+    opened: list[str] = []
+    real_open = open
+
+    def counted_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(file, (str, Path)) and Path(file).resolve() == snapshot.resolve():
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    checked: list[str] = []
+    real_check = _snapshot_schema.check_entries
+
+    def counted_check(entries: list[Any], path: str) -> Any:
+        checked.append(path)
+        return real_check(entries, path)
+
+    monkeypatch.setattr("builtins.open", counted_open)
+    monkeypatch.setattr(_snapshot_schema, "check_entries", counted_check)
+    monkeypatch.setattr(_snapshot, "check_entries", counted_check)
+    args = [a.format(file=snapshot, out=tmp_path) for a in argv]
+    assert main([*args, "--no-progress"]) == 0
+    assert len(opened) == (2 if argv[0] == "replay" else 1)  # replay asks what the file is first
+    assert sorted(checked) == ["device_traces[0]", "device_traces[1]"]  # each device once
