@@ -8,7 +8,18 @@ from dataclasses import dataclass
 
 from ..memory._config import AllocatorConfig
 
-__all__ = ["UNLIMITED_CAPACITY", "UNMAPPED", "BlockState", "Recording", "SegmentState"]
+__all__ = [
+    "FAILED_ADDR",
+    "UNLIMITED_CAPACITY",
+    "UNMAPPED",
+    "BlockState",
+    "Recording",
+    "SegmentState",
+]
+
+FAILED_ADDR = 0
+"""The address of a recorded request that ran out of memory (it never got one): the
+``alloc`` event ``trace_from_snapshot`` writes for an ``oom`` entry."""
 
 UNLIMITED_CAPACITY = 1 << 50
 """Simulated capacity for a recording that shows no limit (1 PiB: it never runs out)."""

@@ -26,7 +26,7 @@ from ..memory._policy import (
 from ._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from ._format import Trace, TraceFormatError
 from ._plain_pickle import describe
-from ._recording import Recording
+from ._recording import FAILED_ADDR, Recording
 from ._rewind import (
     Rewind,
     blocks_of,
@@ -53,9 +53,6 @@ __all__ = [
     "trace_from_snapshot",
     "traces_from_snapshot",
 ]
-
-_FAILED_ADDR = 0
-"""The address of a request that ran out of memory (it never got one)."""
 
 
 def devices_with_history(snapshot: dict[str, Any]) -> list[int]:
@@ -305,7 +302,7 @@ def trace_from_snapshot(
             # before it (with no alloc or free between) was its last retry, not empty_cache().
             # (One beyond 2**60 bytes, which no allocator takes, fails as a 2**60-byte one.)
             size = min(entry["size"], MAX_REQUEST_BYTES)
-            failed = (OP_ALLOC, _FAILED_ADDR, size, entry.get("stream", 0))
+            failed = (OP_ALLOC, FAILED_ADDR, size, entry.get("stream", 0))
             if release_run is not None:
                 events[release_run] = failed
             else:

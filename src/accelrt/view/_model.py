@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from ..trace._columns import OP_ALLOC
 from ..trace._format import Trace
+from ..trace._recording import FAILED_ADDR
 from ._stacks import CleanStack
 
 if TYPE_CHECKING:
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 EVENT_ALLOC, EVENT_FREE, EVENT_EMPTY_CACHE, EVENT_OOM = 0, 1, 2, 3
-_FAILED_ADDR = 0
 Int64Array = npt.NDArray[np.int64]
 
 
@@ -224,7 +224,7 @@ def _failed_events(trace: Trace) -> Int64Array:
     if trace.recording is None or not trace.recording.num_ooms:
         return np.zeros(0, dtype=np.int64)
     events = trace.events
-    return np.flatnonzero((events.op == OP_ALLOC) & (events.addr == _FAILED_ADDR))
+    return np.flatnonzero((events.op == OP_ALLOC) & (events.addr == FAILED_ADDR))
 
 
 def _allocating(trace: Trace) -> npt.NDArray[np.bool_]:
