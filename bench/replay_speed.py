@@ -16,7 +16,7 @@ Three measurements, each printed with its ratio against the peer:
    repeating ``llama_generate_kvcache`` (each copy frees what it leaves live, so every copy
    replays like the first) in a temporary directory (target: 60 bytes an event or less).
    Measured in a fresh process as peak RSS minus RSS before loading. The peer is the
-   reference loader (``trace._format._load_jsonl_reference``) with the reference loop.
+   reference loader (``trace._jsonl._load_jsonl_reference``) with the reference loop.
 
     python bench/replay_speed.py [--traces DIR] [--repeats 3] [--baseline-rev REV]
                                  [--events 3000000] [--quick]
@@ -51,7 +51,7 @@ WHOLE = "llama_generate_kvcache"
 _MEMORY_CHILD = """
 import os, resource, sys, time
 from accelrt import replay as R
-from accelrt.trace import _format as F
+from accelrt.trace import _jsonl as F
 reference = sys.argv[2] == "reference"
 page = os.sysconf("SC_PAGE_SIZE")
 def rss():

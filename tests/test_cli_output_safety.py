@@ -95,7 +95,7 @@ def test_a_bug_report_escapes_what_the_exception_quotes(
 def test_a_bug_while_printing_is_a_bug_report(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(replay_tables, "_short_setting", _boom)
+    monkeypatch.setattr(replay_tables, "_bytes_or_dash", _boom)
     assert main(["replay", str(EXAMPLE), "--device", "sim"]) == 70
     assert capsys.readouterr().err.endswith(
         "TypeError: boom\n" + BUG_LINE.format(version=__version__)

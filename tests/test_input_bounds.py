@@ -16,9 +16,17 @@ from typing import Any
 
 import pytest
 
-from accelrt.trace import Trace, TraceEvent, TraceFormatError, _columns, _format
-from accelrt.trace._format import _load_jsonl_reference, load_jsonl
-from accelrt.view import _model, _render, picture_moments, render_html, view_of_trace
+from accelrt.trace import Trace, TraceEvent, TraceFormatError, _columns, _jsonl
+from accelrt.trace._jsonl import _load_jsonl_reference, load_jsonl
+from accelrt.view import (
+    _model,
+    _moments,
+    _recorded,
+    _render,
+    picture_moments,
+    render_html,
+    view_of_trace,
+)
 
 MiB = 1 << 20
 HEADER = json.dumps({"type": "header", "format": "alloc-trace-jsonl", "format_version": 1})
@@ -63,7 +71,7 @@ def test_blocks_take_their_address_else_the_oldest_unused_allocation_of_their_si
             (905, 100, allocated),  # none left
         ]
     )
-    moment = _model._Moments(view).moment(6, [segment])
+    moment = _moments._Moments(view).moment(6, [segment])
     [[_, _, _, _, blocks]] = moment["segments"]
     assert [owner for _, _, owner in blocks] == [3, 0, 1, 2, 4, -1, -1, 5, -1]
     assert [code for _, code, _ in blocks] == [0, 0, 0, 0, 1, 0, 2, 0, 0]
@@ -75,7 +83,7 @@ def test_many_blocks_of_one_size_are_matched_in_one_pass() -> None:
     n = 50_000
     view = _same_size_view(n)
     blocks = [(10**9 + i, 100, "active_allocated") for i in range(n)]
-    moment = _model._Moments(view).moment(n, [_segment(blocks)])
+    moment = _moments._Moments(view).moment(n, [_segment(blocks)])
     [[_, _, _, _, matched]] = moment["segments"]
     assert [owner for _, _, owner in matched] == list(range(n))
 
@@ -95,9 +103,9 @@ def test_a_trace_of_many_live_allocations_captures_fewer_moments(
 ) -> None:
     trace = Trace({"name": "many"}, _events_with_peak(1000))
     assert picture_moments(trace) == picture_moments(trace, 240)  # 240,000 blocks: all
-    monkeypatch.setattr(_model, "CAPTURED_BLOCKS", 50 * 1000)  # 1000 at once, not 2000
+    monkeypatch.setattr(_moments, "CAPTURED_BLOCKS", 50 * 1000)  # 1000 at once, not 2000
     assert picture_moments(trace) == picture_moments(trace, 50)
-    monkeypatch.setattr(_model, "CAPTURED_BLOCKS", 1000)  # never fewer than MIN_MOMENTS
+    monkeypatch.setattr(_moments, "CAPTURED_BLOCKS", 1000)  # never fewer than MIN_MOMENTS
     assert picture_moments(trace) == picture_moments(trace, 24)
     assert len(picture_moments(trace, 240)) > len(picture_moments(trace, 50)) > 24
 
@@ -127,7 +135,7 @@ def test_a_line_of_gibibytes_is_refused_after_the_limit(
     path = tmp_path / "one_line.jsonl.gz"
     path.write_bytes(_members((HEADER.encode() + b"\n\n", 1), (b"a" * MiB, 2048)))  # 2 GiB
     read: list[int] = []
-    opened = _format._open_binary
+    opened = _jsonl._open_binary
 
     class Counted:
         """The decompressed file, counting the bytes read from it."""
@@ -146,20 +154,20 @@ def test_a_line_of_gibibytes_is_refused_after_the_limit(
             read.append(len(data))
             return data
 
-    monkeypatch.setattr(_format, "_open_binary", Counted)
+    monkeypatch.setattr(_jsonl, "_open_binary", Counted)
     assert _outcome(path) == (
         f"{path}:3: line longer than 16777216 bytes (16.00 MiB), the most a trace line may have "
         "(an event is a line of about 100 bytes)"
     )
-    assert sum(read) <= 2 * (_format.MAX_LINE_BYTES + 2 * _format._CHUNK_BYTES)  # two readers
+    assert sum(read) <= 2 * (_jsonl.MAX_LINE_BYTES + 2 * _jsonl._CHUNK_BYTES)  # two readers
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
 def test_the_line_limit_is_exact_and_numbered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, newline: str
 ) -> None:
-    monkeypatch.setattr(_format, "_CHUNK_BYTES", 7)  # lines cut across many reads
-    monkeypatch.setattr(_format, "MAX_LINE_BYTES", 65)
+    monkeypatch.setattr(_jsonl, "_CHUNK_BYTES", 7)  # lines cut across many reads
+    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 65)
     limit = "line longer than 65 bytes (65 bytes), the most a trace line may have"
     fits = '{"action":"alloc","addr":32,"size":8,"op":"' + "x" * 20 + '"}'
     assert len(fits) == 65
@@ -198,7 +206,7 @@ def _scanned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         sizes.append(len(data))
         return scan(data, shapes)
 
-    monkeypatch.setattr(_format, "scan_lines", counted)
+    monkeypatch.setattr(_jsonl, "scan_lines", counted)
     return sizes
 
 
@@ -240,7 +248,7 @@ def test_lines_are_numbered_as_written_whatever_blank_lines_and_reads(
     # other's reference for what the line assembly does
     rng = random.Random(seed)
     for case in range(40):
-        monkeypatch.setattr(_format, "_CHUNK_BYTES", rng.choice([1, 3, 16, 64, 1000, MiB]))
+        monkeypatch.setattr(_jsonl, "_CHUNK_BYTES", rng.choice([1, 3, 16, 64, 1000, MiB]))
         lines, addrs = [HEADER], []
         for _ in range(rng.randrange(1, 300)):
             if rng.random() < 0.7:
@@ -291,7 +299,7 @@ def test_a_cr_lf_cut_between_reads_ends_one_line(
     path = tmp_path / "crlf.jsonl"
     path.write_bytes(data)
     for chunk in range(1, len(data) + 1):
-        monkeypatch.setattr(_format, "_CHUNK_BYTES", chunk)
+        monkeypatch.setattr(_jsonl, "_CHUNK_BYTES", chunk)
         assert _outcome(path) == f"{path}:6: expected a JSON object, got '[1]'"
 
 
@@ -330,7 +338,7 @@ def test_distinct_stacks_that_share_frames_are_found_in_one_pass() -> None:
     # 20,000 distinct stacks of one length, alike a quarter, half and three quarters of the
     # way: each was compared with every one before it (2 * 10**8 list comparisons)
     n = 20_000
-    stacks = _model._Stacks()
+    stacks = _recorded._Stacks()
     recorded = [_stack(i) for i in range(n)]  # alive while interned, as a snapshot's are
     assert [stacks.intern(frames) for frames in recorded] == list(range(n))
     assert len(stacks.stacks) == n
@@ -360,21 +368,21 @@ def test_a_stack_put_together_from_its_frames_is_what_clean_stack_makes(
         7,
     ]
     calls: list[int] = []
-    clean = _model.clean_stack
+    clean = _recorded.clean_stack
 
     def counted(frames: Any) -> Any:
         calls.append(len(frames))
         return clean(frames)
 
-    monkeypatch.setattr(_model, "clean_stack", counted)
+    monkeypatch.setattr(_recorded, "clean_stack", counted)
     rng = random.Random(3)
     recorded = [[rng.choice(kinds) for _ in range(rng.randrange(1, 12))] for _ in range(500)]
-    stacks = _model._Stacks()
+    stacks = _recorded._Stacks()
     for frames in recorded:
         assert stacks.stacks[stacks.intern(frames)] == clean(frames)
     assert calls == [1] * len(kinds)  # each frame cleaned once, alone
-    monkeypatch.setattr(_model, "_CLEANED_FRAMES", 3)  # forgotten, and cleaned again
-    forgetful = _model._Stacks()
+    monkeypatch.setattr(_recorded, "_CLEANED_FRAMES", 3)  # forgotten, and cleaned again
+    forgetful = _recorded._Stacks()
     for frames in recorded[:50]:
         assert forgetful.stacks[forgetful.intern(frames)] == clean(frames)
     assert stacks.add("not a list") == len(stacks.stacks) - 1
@@ -385,7 +393,7 @@ def test_the_page_sends_the_stacks_a_few_at_a_time_as_one_json(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     view = _same_size_view(3)
-    stacks = _model._Stacks()
+    stacks = _recorded._Stacks()
     view.stack[:] = [stacks.intern(_stack(i)) for i in range(3)]
     view.stacks = stacks.stacks
     whole = render_html(view)

@@ -225,26 +225,27 @@ def test_replay_defaults_to_accelrt_alloc_conf(
 
 
 def test_short_setting_forms() -> None:
-    from accelrt.cli._replay_tables import _short_setting
+    from accelrt.memory import AllocatorConfig
+
+    def short(text: str) -> str:
+        return AllocatorConfig.parse(text).short_label
 
     full = "roundup_power2_divisions:[" + ",".join(
         f"{1 << i}:{1 if i <= 8 else min(8, 2 ** (i - 8))}" for i in range(16)
     )
-    assert _short_setting(full + "]") == "roundup:[..256:1,512:2,1024:4,2048..:8]"
-    assert _short_setting("expandable_segments:True") == "expandable"
-    assert _short_setting("max_split_size_mb:128,expandable_segments:True") == (
-        "max_split:128, expandable"
-    )
-    assert _short_setting("garbage_collection_threshold:0.6,per_process_memory_fraction:0.5") == (
+    assert short(full + "]") == "roundup:[..256:1,512:2,1024:4,2048..:8]"
+    assert short("roundup_power2_divisions:4") == "roundup:4"
+    assert short("expandable_segments:True") == "expandable"
+    assert short("max_split_size_mb:128,expandable_segments:True") == "max_split:128, expandable"
+    assert short("garbage_collection_threshold:0.6,per_process_memory_fraction:0.5") == (
         "gc:0.6, fraction:0.5"
     )
-    assert _short_setting("max_non_split_rounding_mb:4,release_lock_on_malloc:True") == (
-        "non_split_rounding:4, release_lock"
+    assert short("max_non_split_rounding_mb:40,release_lock_on_malloc:True") == (
+        "non_split_rounding:40, release_lock"
     )
-    assert _short_setting("defaults") == "defaults"
-    assert _short_setting("some_future_key_with_a_long_name:12345") == (
-        "some_future_key_with_a_lo..."
-    )
+    assert short("defaults") == "defaults"
+    assert short("large_segment_size_mb:40") == "large_segment_size_mb:40"
+    assert short("large_segment_size_mb:1099511627776") == "large_segment_size_mb:109..."
 
 
 def test_comparison_table_heads_are_short_and_nothing_wraps_in_a_pipe(

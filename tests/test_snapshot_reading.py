@@ -232,7 +232,7 @@ def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
         end_segments=[s for s in snapshot["segments"] if s.get("device", 0) == 0],
     )
     del snapshot  # the picture does not need it
-    drawn = picture.draw(16)
+    drawn = picture.draw(replay(picture.trace, capture_at=picture.capture_at(16)))
     for name in ("start", "end", "size", "addr", "stack", "event_kind", "event_alloc", "times"):
         assert np.array_equal(getattr(drawn, name), getattr(whole, name)), name
     assert drawn.stacks == whole.stacks and drawn.moments == whole.moments
@@ -250,15 +250,58 @@ def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
 def test_a_recording_of_many_segments_captures_fewer_moments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from accelrt.view import _model, picture_moments
+    from accelrt.replay import replay
+    from accelrt.view import _moments, picture_moments
 
     picture = SnapshotPicture.take(MAPHSGE4, read_snapshot(MAPHSGE4), 0)
-    assert picture.trace is not None and picture.trace.recording is not None
-    segments = max(
-        len(picture.trace.recording.start_segments), picture.trace.recording.segments_at_end
-    )
-    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 240))
-    monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", 30 * segments)
-    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 30))
-    monkeypatch.setattr(_model, "CAPTURED_SEGMENTS", segments)  # never fewer than 24
-    assert len(picture.draw().moments) == len(picture_moments(picture.trace, 24))
+    trace = picture.trace
+    assert trace is not None and trace.recording is not None
+    segments = max(len(trace.recording.start_segments), trace.recording.segments_at_end)
+
+    def drawn() -> int:
+        return len(picture.draw(replay(trace, capture_at=picture.capture_at())).moments)
+
+    assert drawn() == len(picture_moments(trace, 240))
+    monkeypatch.setattr(_moments, "CAPTURED_SEGMENTS", 30 * segments)
+    assert drawn() == len(picture_moments(trace, 30))
+    monkeypatch.setattr(_moments, "CAPTURED_SEGMENTS", segments)  # never fewer than 24
+    assert drawn() == len(picture_moments(trace, 24))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["snapshot", "view", "{file}", "-o", "{out}/page.html"],
+        ["snapshot", "summary", "{file}"],
+        ["snapshot", "segments", "{file}"],
+        ["replay", "{file}"],
+    ],
+)
+def test_a_command_opens_reads_and_checks_a_snapshot_once(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelrt.trace import _snapshot, _snapshot_schema
+
+    snapshot = Path(__file__).parent.parent / "examples" / "traces" / "two_device_midrun.pickle"
+    opened: list[str] = []
+    real_open = open
+
+    def counted_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(file, (str, Path)) and Path(file).resolve() == snapshot.resolve():
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    checked: list[str] = []
+    real_check = _snapshot_schema.check_entries
+
+    def counted_check(entries: list[Any], path: str) -> Any:
+        checked.append(path)
+        return real_check(entries, path)
+
+    monkeypatch.setattr("builtins.open", counted_open)
+    monkeypatch.setattr(_snapshot_schema, "check_entries", counted_check)
+    monkeypatch.setattr(_snapshot, "check_entries", counted_check)
+    args = [a.format(file=snapshot, out=tmp_path) for a in argv]
+    assert main([*args, "--no-progress"]) == 0
+    assert len(opened) == (2 if argv[0] == "replay" else 1)  # replay asks what the file is first
+    assert sorted(checked) == ["device_traces[0]", "device_traces[1]"]  # each device once

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from accelrt import replay as replay_module
 from accelrt.replay import replay
-from accelrt.trace import Trace, TraceEvent, TraceFormatError, _format, load, write
+from accelrt.trace import Trace, TraceEvent, TraceFormatError, _jsonl, load, write
 from accelrt.trace._columns import TraceEvents
-from accelrt.trace._format import _load_jsonl_reference, load_jsonl
+from accelrt.trace._jsonl import _load_jsonl_reference, load_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "traces").glob("*.jsonl.gz"))
@@ -182,7 +182,7 @@ def _trace_lines(n: int, seed: int) -> list[str]:
 
 
 def test_lines_across_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_format, "_CHUNK_BYTES", 1000)  # lines cut across reads, many chunks
+    monkeypatch.setattr(_jsonl, "_CHUNK_BYTES", 1000)  # lines cut across reads, many chunks
     lines = _trace_lines(3000, seed=1)
     _same_as_reference(_write_raw(tmp_path / "t.jsonl.gz", "\n".join(lines) + "\n"))
     broken = [*lines[:2500], FREE.replace("16", "7"), *lines[2500:]]

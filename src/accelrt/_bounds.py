@@ -28,12 +28,12 @@ from ._offline_plan import Times, plan, plannable
 from .memory._config import AllocatorConfig
 from .memory._policy import MAX_REQUEST_BYTES, round_size
 from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE
-from .trace._snapshot import _FAILED_ADDR
+from .trace._recording import FAILED_ADDR
 
 if TYPE_CHECKING:
     from .trace._columns import TraceEvents
     from .trace._format import Trace
-    from .trace._snapshot import Recording
+    from .trace._recording import Recording
 
 __all__ = ["LowerBounds", "lower_bounds"]
 
@@ -158,7 +158,7 @@ def _lifetimes(trace: Trace) -> tuple[Times, Times, Int64Array]:
     del end_of
     size = events.size[start]
     if trace.recording is not None:  # a request that ran out of memory: one event long
-        failed = events.addr[start] == _FAILED_ADDR
+        failed = events.addr[start] == FAILED_ADDR
         end[failed] = start[failed] + 1
     if starting is not None:  # first, so that the blocks stay in order of start
         start = np.concatenate((starting[0].astype(times), start))

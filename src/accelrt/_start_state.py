@@ -34,7 +34,7 @@ from .memory._policy import round_size, segment_size
 if TYPE_CHECKING:  # annotations only: the CLI imports this module to build its parser
     from .memory._block import Block
     from .memory._core import CachingAllocator
-    from .trace._snapshot import Recording
+    from .trace._recording import Recording
 
 __all__ = [
     "STARTS",

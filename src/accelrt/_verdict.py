@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ._units import format_bytes
 from .memory._config import AllocatorConfig
-from .replay import UNLIMITED_CAPACITY
+from .trace._recording import UNLIMITED_CAPACITY
 
 if TYPE_CHECKING:
     from .replay import ReplayReport
@@ -78,7 +78,9 @@ def fragmentation_summary(reports: Sequence[ReplayReport]) -> str | None:
     )
 
 
-def oom_verdict(reports: Sequence[ReplayReport]) -> str | None:
+def oom_verdict(
+    reports: Sequence[ReplayReport], configs: Sequence[AllocatorConfig] | None = None
+) -> str | None:
     """Say in one line why memory ran out, and what would help.
 
     Parameters
@@ -86,6 +88,9 @@ def oom_verdict(reports: Sequence[ReplayReport]) -> str | None:
     reports : sequence of ReplayReport
         One trace under each setting tried, on one device (its ``capacity_bytes``); a
         recording's own OOMs count too (``recorded_num_ooms``).
+    configs : sequence of AllocatorConfig, optional
+        The settings the reports ran under, in order (default: read from each report's
+        ``config``), for :func:`interaction_warning`.
 
     Returns
     -------
@@ -145,17 +150,18 @@ def oom_verdict(reports: Sequence[ReplayReport]) -> str | None:
             f"every lifetime needs {_bytes(needed)}, more than the {_bytes(capacity)} device "
             f"holds; no setting tried fits: reduce memory by about {_bytes(needed - capacity)}"
         )
-    warning = interaction_warning(r.config for r in reports)
+    warning = interaction_warning([r.config for r in reports] if configs is None else configs)
     return f"verdict: {text}" + (f"; warning: {warning}" if warning else "")
 
 
-def interaction_warning(configs: Iterable[str]) -> str | None:
+def interaction_warning(configs: Iterable[AllocatorConfig | str]) -> str | None:
     """Name the settings tried that combine options known to work against each other.
 
     Parameters
     ----------
-    configs : iterable of str
-        Settings as ``ReplayReport.config`` gives them (``AllocatorConfig.describe()``).
+    configs : iterable of AllocatorConfig or str
+        Settings, or their text as ``ReplayReport.config`` gives it
+        (``AllocatorConfig.describe()``).
 
     Returns
     -------
@@ -164,13 +170,15 @@ def interaction_warning(configs: Iterable[str]) -> str | None:
         with max_split_size_mb can reserve more than either alone (...)"``; None if no
         setting tried combines them.
     """
-    combined = [c for c in configs if _expandable_with_max_split(c)]
+    combined = [
+        c if isinstance(c, str) else c.describe() for c in configs if _expandable_with_max_split(c)
+    ]
     if not combined:
         return None
     return f"{'; '.join(combined)}: {EXPANDABLE_WITH_MAX_SPLIT}"
 
 
-def _expandable_with_max_split(config: str) -> bool:
-    """Whether a setting (``describe()`` text, read by the one parser) combines the two."""
+def _expandable_with_max_split(config: AllocatorConfig | str) -> bool:
+    """Whether a setting (or its ``describe()`` text, read by the one parser) combines the two."""
     parsed = AllocatorConfig.coerce(config)
     return parsed.expandable_segments and parsed.max_split_size is not None

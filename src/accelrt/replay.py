@@ -42,8 +42,9 @@ from .memory._history import SegmentInfo
 from .memory._policy import MAX_REQUEST_BYTES
 from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from .trace._format import Trace
+from .trace._recording import UNLIMITED_CAPACITY
 
-__all__ = ["OomRecord", "ReplayReport", "replay"]
+__all__ = ["OomRecord", "ReplayReport", "replay", "replay_settings"]
 
 ProgressCallback = Callable[[int, int], None]
 _PROGRESS_EVERY = 4096
@@ -53,8 +54,6 @@ _SKIP = 3
 """Work code of a zero-byte alloc: PyTorch hands out nothing for it."""
 _TOO_BIG = 4
 """Work code of an alloc beyond ``MAX_REQUEST_BYTES``: an OOM without asking the allocator."""
-UNLIMITED_CAPACITY = 1 << 50
-"""Simulated capacity for a recording that shows no limit (1 PiB: it never runs out)."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +237,20 @@ def _open_device(
     return backend, index
 
 
+def replay_settings(trace: Trace, config: AllocatorConfig | str | None) -> AllocatorConfig:
+    """The settings :func:`replay` runs ``trace`` under: ``config``, else a recording's own
+    (its snapshot's ``allocator_settings``), else the defaults.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad ``config`` (:meth:`AllocatorConfig.coerce`).
+    """
+    if config is None and trace.recording is not None:
+        return trace.recording.settings
+    return AllocatorConfig.coerce(config)
+
+
 def replay(
     trace: Trace,
     *,
@@ -299,10 +312,7 @@ def replay(
     """
     check_start(start)
     recording = trace.recording
-    if config is None and recording is not None:
-        settings = recording.settings
-    else:
-        settings = AllocatorConfig.coerce(config)
+    settings = replay_settings(trace, config)
     kind: StartKind = "empty"
     if recording is not None and recording.start_segments:
         largest = largest_size(recording, int(trace.events.size.max(initial=0)))

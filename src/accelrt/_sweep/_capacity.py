@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..replay import UNLIMITED_CAPACITY, replay
+from ..replay import replay
+from ..trace._recording import UNLIMITED_CAPACITY
 
 if TYPE_CHECKING:
     from ..memory._config import AllocatorConfig

@@ -10,7 +10,8 @@ from typing import Any
 from .._text import printable
 from .._units import format_bytes
 from ..memory._config import setting_text
-from ..replay import UNLIMITED_CAPACITY, ReplayReport
+from ..replay import ReplayReport
+from ..trace._recording import UNLIMITED_CAPACITY
 from ._model import SweepResult, SweepResults
 
 

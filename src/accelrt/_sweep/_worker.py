@@ -63,8 +63,9 @@ def _error_text(shown: str, exc: BaseException) -> str:
 def _read(task: _Task) -> list[Trace]:
     """Load the task's trace (a path, or a URL copied to a temporary file first): a snapshot's
     every recorded device with allocation history, or the one ``device_index`` names."""
-    from ..trace import load, read_snapshot
+    from ..trace import load
     from ..trace._snapshot import traces_from_snapshot
+    from ..trace._snapshot_schema import read_checked_snapshot
 
     source = task.source
     local = source.removeprefix("file://") if source.startswith("file://") else source
@@ -83,7 +84,7 @@ def _read(task: _Task) -> list[Trace]:
         index = task.device_index if kind == "pickle" else None  # snapshots only
         try:
             if kind == "pickle" and index is None:
-                traces = traces_from_snapshot(read_snapshot(local), path=local)
+                traces = traces_from_snapshot(read_checked_snapshot(local), path=local)
             else:
                 traces = [load(local, include_host=task.include_host, device_index=index)]
         except Exception as exc:

@@ -63,6 +63,7 @@ def _write_png(view: Any, path: str, render: Callable[[Any, str], None] | None =
 def _view(snapshot: dict[str, Any] | None, trace: Trace, report: ReplayReport | None) -> View:
     """The picture of ``trace`` and its replay; a snapshot's device's with its recorded stacks,
     times and OOMs (``device_traces[N]``) and end segments."""
+    from ..trace._snapshot import device_segments
     from ..view import view_of_trace
 
     if snapshot is None or trace.recording is None:
@@ -72,7 +73,7 @@ def _view(snapshot: dict[str, Any] | None, trace: Trace, report: ReplayReport | 
         trace,
         report,
         entries=snapshot["device_traces"][device],
-        end_segments=[s for s in snapshot["segments"] if s.get("device", 0) == device],
+        end_segments=device_segments(snapshot, device),
     )
 
 

@@ -32,7 +32,7 @@ from ._replay_tables import _print_reports, _print_totals
 from ._runs import _read_snapshot_file, _recorded_device, _replay_shown, _snapshot_traces, _totals
 
 if TYPE_CHECKING:
-    from ..memory._config import Setting
+    from ..memory._config import AllocatorConfig, Setting
     from ..replay import ReplayReport
     from ..trace import Trace
 
@@ -75,8 +75,9 @@ def _check_device(device: str, capacity: int | None) -> None:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .._verdict import oom_verdict
-    from ..trace import load
+    from ..replay import replay_settings
     from ..trace._format import sniff
+    from ..trace._load import load_sniffed
     from ..trace._snapshot import snapshot_name
     from ..view import picture_moments
 
@@ -89,11 +90,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     # the readers refuse a malformed file with an InputError naming it (one line)
     snapshot: dict[str, Any] | None = None
     show_progress = _show_progress(args)
-    if sniff(args.trace) == "pickle":
-        snapshot = _read_snapshot_file(args.trace, progress=show_progress)
-        traces = _snapshot_traces(args.trace, snapshot, args.device_index)
+    kind = sniff(args.trace)
+    if kind == "pickle":
+        checked = _read_snapshot_file(args.trace, progress=show_progress)
+        traces = _snapshot_traces(args.trace, checked, args.device_index)
+        snapshot = checked.data
     else:
-        traces = [load(args.trace, include_host=args.include_host, device_index=args.device_index)]
+        index, host = args.device_index, args.include_host
+        traces = [load_sniffed(args.trace, kind, include_host=host, device_index=index)]
     recording = traces[0].recording is not None
     # a PyTorch recording replays on the simulated device with its recorded settings
     device = args.device or ("sim" if recording else _default_device())
@@ -105,10 +109,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from .._start_state import StartStateError
 
     runs: list[list[ReplayReport | None]] = []  # device by device, setting by setting
+    configs: list[list[AllocatorConfig]] = []  # what each replay ran under (recorded: its own)
     failed: set[int] = set()  # settings that cannot hold a recording's start: dropped
     for trace in traces:
         runs.append([])
-        for k, setting in enumerate(settings):
+        configs.append([replay_settings(trace, s.config) for s in settings])
+        for k, config in enumerate(configs[-1]):
             if k in failed:  # dropped on an earlier device: not replayed again
                 runs[-1].append(None)
                 continue
@@ -120,7 +126,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     show_progress,
                     device=device,
                     capacity=args.capacity,
-                    config=setting.config,
+                    config=config,
                     capture_at=capture,
                     start=args.start,
                 )
@@ -134,19 +140,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return 2
     settings = [settings[k] for k in kept]
     done = [[_replayed(run[k]) for k in kept] for run in runs]
+    configs = [[used[k] for k in kept] for used in configs]
     if pictures:
         views = [_view(snapshot, t, r[0]) for t, r in zip(traces, done, strict=True)]
         devices = [_recorded_device(t) for t in traces]
         title = snapshot_name(args.trace)
         _write_views(views, devices, args.html, args.png, title=title, stream=sys.stderr)
     if args.json:
-        print(json.dumps(_replay_json(args.trace, traces, settings, done), indent=2))
+        print(json.dumps(_replay_json(args.trace, traces, settings, configs, done), indent=2))
         return 2 if failed else 0
-    for n, (trace, reports) in enumerate(zip(traces, done, strict=True)):
+    sources = [s.source for s in settings]
+    for n, (trace, used, reports) in enumerate(zip(traces, configs, done, strict=True)):
         if n:
             print()
-        _print_reports(trace.name, trace.skipped_host_events, reports, [s.source for s in settings])
-        verdict = oom_verdict(reports) or _interaction_warning(reports)
+        _print_reports(trace.name, trace.skipped_host_events, reports, used, sources)
+        verdict = oom_verdict(reports, used) or _interaction_warning(used)
         if verdict is not None:
             print(verdict)
     if len(traces) > 1:
@@ -161,12 +169,12 @@ def _replayed(report: ReplayReport | None) -> ReplayReport:
     return report
 
 
-def _interaction_warning(reports: Sequence[ReplayReport]) -> str | None:
+def _interaction_warning(configs: Sequence[AllocatorConfig]) -> str | None:
     """``warning: ...`` where a setting tried combines options known to interact (the OOM
     verdict says it too)."""
     from .._verdict import interaction_warning
 
-    warning = interaction_warning(r.config for r in reports)
+    warning = interaction_warning(configs)
     return None if warning is None else f"warning: {warning}"
 
 
@@ -188,6 +196,7 @@ def _replay_json(
     path: str,
     traces: Sequence[Trace],
     settings: Sequence[Setting],
+    configs: Sequence[Sequence[AllocatorConfig]],
     runs: Sequence[Sequence[ReplayReport]],
 ) -> Any:
     """What ``replay --json`` prints: one trace's report (a list of them with several settings);
@@ -197,8 +206,8 @@ def _replay_json(
     from ..trace._snapshot import snapshot_name
 
     reports = []
-    for t, run in zip(traces, runs, strict=True):
-        verdict = oom_verdict(run)  # over the settings replayed together
+    for t, used, run in zip(traces, configs, runs, strict=True):
+        verdict = oom_verdict(run, used)  # over the settings replayed together
         pairs = zip(run, settings, strict=True)
         reports += [{**_report_dict(r, s, t), "verdict": verdict} for r, s in pairs]
     if len(traces) == 1:

@@ -12,97 +12,13 @@ from ._output import _console
 from ._runs import _totals
 
 if TYPE_CHECKING:
-    from ..memory._config import Setting
+    from ..memory._config import AllocatorConfig, Setting
     from ..replay import ReplayReport
     from ..trace import Trace
 
 
 def _bytes_or_dash(n: int | None) -> str:
     return "-" if n is None else format_bytes(n)
-
-
-_SHORT_KEYS = {
-    "max_split_size_mb": "max_split",
-    "max_non_split_rounding_mb": "non_split_rounding",
-    "garbage_collection_threshold": "gc",
-    "per_process_memory_fraction": "fraction",
-}
-_SHORT_ITEM = 28
-"""A setting item of an unknown key longer than this is cut (its full text is listed below)."""
-
-
-def _setting_items(config: str) -> list[str]:
-    """``key:value`` items of a setting string; commas inside brackets stay in their item."""
-    items, depth, current = [], 0, ""
-    for char in config:
-        depth += (char == "[") - (char == "]")
-        if char == "," and depth <= 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    return [i for i in (*items, current) if i]
-
-
-def _short_divisions(value: str) -> str:
-    """``[1:1,2:1,...,512:2,...]`` as runs of equal divisions: ``[..256:1,512:2,1024..:8]``."""
-    pairs = [p.split(":") for p in value.strip("[]").split(",")]
-    if not all(len(p) == 2 and p[0].isdigit() and p[1].isdigit() for p in pairs):
-        return value if len(value) <= _SHORT_ITEM else value[: _SHORT_ITEM - 3] + "..."
-    runs: list[list[str]] = []  # [first size, last size, divisions]
-    for size, divisions in pairs:
-        if runs and runs[-1][2] == divisions:
-            runs[-1][1] = size
-        else:
-            runs.append([size, size, divisions])
-    if len(runs) == 1:
-        return runs[0][2]
-    shown = []
-    for n, (lo, hi, divisions) in enumerate(runs):
-        if lo == hi:
-            shown.append(f"{lo}:{divisions}")
-        elif n == 0:
-            shown.append(f"..{hi}:{divisions}")
-        elif n == len(runs) - 1:
-            shown.append(f"{lo}..:{divisions}")
-        else:
-            shown.append(f"{lo}..{hi}:{divisions}")
-    return "[" + ",".join(shown) + "]"
-
-
-def _short_setting(config: str) -> str:
-    """Return a setting string in the short form ``accelrt replay`` uses for column heads.
-
-    Parameters
-    ----------
-    config : str
-        A setting as ``ReplayReport.config`` has it (``AllocatorConfig.describe()``: items
-        ``key:value`` joined by commas, or ``defaults``).
-
-    Returns
-    -------
-    str
-        The items joined by ``", "``: ``expandable_segments:True`` as ``expandable``,
-        ``release_lock_on_malloc:True`` as ``release_lock``, ``max_split_size_mb:N`` as
-        ``max_split:N`` (likewise ``non_split_rounding``, ``gc``, ``fraction``), and
-        ``roundup_power2_divisions:[1:1,2:1,...]`` (per power-of-two size in MiB) as runs of
-        equal divisions, e.g. ``roundup:[..256:1,512:2,1024:4,2048..:8]``, or ``roundup:4``
-        when all are equal. Other items longer than 28 characters are cut with ``...``.
-    """
-    shown = []
-    for item in _setting_items(config):
-        key, _, value = item.partition(":")
-        if key == "expandable_segments":
-            shown.append("expandable" if value == "True" else "not expandable")
-        elif key == "release_lock_on_malloc":
-            shown.append("release_lock" if value == "True" else "no release_lock")
-        elif key == "roundup_power2_divisions":
-            shown.append(f"roundup:{_short_divisions(value)}")
-        elif key in _SHORT_KEYS:
-            shown.append(f"{_SHORT_KEYS[key]}:{value}")
-        else:
-            shown.append(item if len(item) <= _SHORT_ITEM else item[: _SHORT_ITEM - 3] + "...")
-    return ", ".join(shown) or config
 
 
 def _start_range(report: ReplayReport) -> str:
@@ -141,11 +57,16 @@ def _midrun_banner(reports: Sequence[ReplayReport]) -> str:
 
 
 def _print_reports(
-    name: str, skipped_host: int, reports: Sequence[Any], sources: Sequence[str]
+    name: str,
+    skipped_host: int,
+    reports: Sequence[Any],
+    configs: Sequence[AllocatorConfig],
+    sources: Sequence[str],
 ) -> None:
-    """Print one trace's replays, a column per setting; ``sources`` says where each setting
-    came from (``Setting.source``: ``--config``, ``environment VAR``, ``recorded``...). The
-    trace's ``name`` is shown escaped (:func:`accelrt._text.printable`)."""
+    """Print one trace's replays, a column per setting (``configs``: what each ran under, the
+    column heads their :attr:`~accelrt.memory.AllocatorConfig.short_label`); ``sources`` says
+    where each setting came from (``Setting.source``: ``--config``, ``environment VAR``,
+    ``recorded``...). The trace's ``name`` is shown escaped (:func:`accelrt._text.printable`)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -154,7 +75,7 @@ def _print_reports(
     view = (
         "all events" if first.include_host else f"device view, {skipped_host} host events skipped"
     )
-    from ..replay import UNLIMITED_CAPACITY
+    from ..trace._recording import UNLIMITED_CAPACITY
 
     capacity = (
         "unlimited"
@@ -174,8 +95,8 @@ def _print_reports(
         console.print(banner, soft_wrap=True)
     table = Table()
     table.add_column("", style="bold")
-    for r in reports:
-        table.add_column(_short_setting(r.config), justify="right", overflow="fold")
+    for config in configs:
+        table.add_column(config.short_label, justify="right", overflow="fold")
     rows: list[tuple[str, Any]] = [
         ("peak requested", lambda r: format_bytes(r.peak_requested_bytes)),
         ("peak allocated", lambda r: format_bytes(r.peak_allocated_bytes)),
@@ -197,7 +118,7 @@ def _print_reports(
         table.add_row(label, *(cell(r) for r in reports))
     table.add_row("setting from", *sources)
     console.print(table)
-    shortened = {_short_setting(r.config): r.config for r in reports}
+    shortened = {c.short_label: c.describe() for c in configs}
     if any(short != full for short, full in shortened.items()):
         console.print("Column heads in full:", soft_wrap=True)
         for short, full in shortened.items():
@@ -266,7 +187,7 @@ def _print_totals(
     table = Table()
     table.add_column("device", style="bold")
     for setting in settings:
-        head = _short_setting(setting.label)
+        head = setting.short_label
         table.add_column(f"{head}\npeak requested", justify="right", overflow="fold")
         table.add_column(f"{head}\npeak reserved", justify="right", overflow="fold")
     for trace, reports in zip(traces, runs, strict=True):

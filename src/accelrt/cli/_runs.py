@@ -5,6 +5,7 @@ with a progress bar, and the peaks summed over the recorded devices."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from ..replay import ReplayReport
     from ..trace import Trace
     from ..trace._plain_pickle import ByteProgress
+    from ..trace._snapshot_schema import CheckedSnapshot
 
 
 _SNAPSHOT = "a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot)"
@@ -50,14 +52,21 @@ def _reading_progress(path: str, show: bool) -> Iterator[ByteProgress | None]:
         yield progress
 
 
-def _read_snapshot_file(path: str, *, progress: bool = False) -> dict[str, Any]:
-    """Read a snapshot pickle, first telling the user plainly when the file is something else;
-    with ``progress``, show a progress bar over its bytes (:func:`_reading_progress`)."""
-    from ..trace._format import sniff
-    from ..trace._snapshot_schema import read_snapshot
+def _read_snapshot_file(path: str, *, progress: bool = False) -> CheckedSnapshot:
+    """Read and check a snapshot pickle, opening it once: first telling the user plainly when
+    the file is something else; with ``progress``, show a progress bar over its bytes
+    (:func:`_reading_progress`)."""
+    from ..trace._snapshot_schema import read_checked_snapshot
 
     _input_file(path, _SNAPSHOT)
-    kind = sniff(path)
+    with _reading_progress(path, progress) as report:
+        return read_checked_snapshot(
+            path, progress=report, expect=functools.partial(_refuse_other_kinds, path)
+        )
+
+
+def _refuse_other_kinds(path: str, kind: str) -> None:
+    """Refuse a file that is not a snapshot pickle (``kind``: what ``sniff`` says it is)."""
     if kind == "jsonl":
         raise InputError(
             f"{path} is a JSONL trace, not a snapshot pickle; use accelrt replay {path}"
@@ -74,8 +83,6 @@ def _read_snapshot_file(path: str, *, progress: bool = False) -> dict[str, Any]:
             f"{path} is not a snapshot pickle (a pickle of protocol 2 or later, starting with "
             f"byte 0x80) nor a JSONL trace; give {_SNAPSHOT}"
         )
-    with _reading_progress(path, progress) as report:
-        return read_snapshot(path, progress=report)
 
 
 def _check_device_index(
@@ -102,12 +109,12 @@ def _check_device_index(
         )
 
 
-def _snapshot_traces(path: str, snapshot: dict[str, Any], index: int | None) -> list[Trace]:
+def _snapshot_traces(path: str, snapshot: CheckedSnapshot, index: int | None) -> list[Trace]:
     """The trace of every recorded device of a snapshot with allocation history, or of the one
     ``--device-index`` names (checked: :func:`_check_device_index`)."""
     from ..trace._snapshot import trace_from_snapshot, traces_from_snapshot
 
-    _check_device_index(path, snapshot, index)
+    _check_device_index(path, snapshot.data, index)
     if index is None:
         return traces_from_snapshot(snapshot, path=path)
     return [trace_from_snapshot(snapshot, device=index, path=path)]

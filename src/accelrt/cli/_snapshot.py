@@ -4,7 +4,6 @@ map, pictures, and the comparison of two runs."""
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import shutil
 import sys
@@ -48,13 +47,14 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
     from ..trace._snapshot import devices_with_history
     from ..view import forensics_text
 
-    snapshot = _read_snapshot_file(args.file, progress=_show_progress(args))
+    checked = _read_snapshot_file(args.file, progress=_show_progress(args))
+    snapshot = checked.data
     if not devices_with_history(snapshot):  # the end state only: say what it holds
         _check_device_index(args.file, snapshot, args.device_index)
         text = _end_state_summary(args.file, snapshot, args.device_index)
         print(printable(text, keep_newlines=True), end="")
         return 0
-    traces = _snapshot_traces(args.file, snapshot, args.device_index)
+    traces = _snapshot_traces(args.file, checked, args.device_index)
     width = max(60, min(160, shutil.get_terminal_size().columns))
     reports = []
     for n, trace in enumerate(traces):
@@ -86,7 +86,7 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
 def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | None) -> str:
     """What ``snapshot summary`` prints for a snapshot without allocation history: per device
     with segments (or the one ``--device-index`` names), the end state it holds."""
-    from ..trace._snapshot import snapshot_devices, snapshot_name
+    from ..trace._snapshot import device_segments, snapshot_devices, snapshot_name
     from ..view import end_state_text, end_state_view
 
     if device_index is not None:
@@ -96,8 +96,7 @@ def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | 
     width = max(60, min(160, shutil.get_terminal_size().columns))
     parts = []
     for device in devices:
-        segments = [s for s in snapshot["segments"] if s.get("device", 0) == device]
-        view = end_state_view(segments, snapshot_name(path))
+        view = end_state_view(device_segments(snapshot, device), snapshot_name(path))
         text = end_state_text(view, width=width)
         parts.append(f"{view.title} (recorded device {device})\n{text}")
     return "\n".join(parts)
@@ -105,14 +104,15 @@ def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | 
 
 def _diff_side(path: str, device_index: int | None) -> tuple[dict[str, Any] | None, list[Trace]]:
     """One side of a diff: the snapshot it read (None for a JSONL trace) and its traces."""
-    from ..trace import load
     from ..trace._format import sniff
+    from ..trace._load import load_sniffed
 
     _input_file(path, "a snapshot pickle or an accelrt trace (.jsonl.gz)")
-    if sniff(path) != "pickle":
-        return None, [load(path)]
-    snapshot = _read_snapshot_file(path)
-    return snapshot, _snapshot_traces(path, snapshot, device_index)
+    kind = sniff(path)
+    if kind != "pickle":
+        return None, [load_sniffed(path, kind)]
+    checked = _read_snapshot_file(path)
+    return checked.data, _snapshot_traces(path, checked, device_index)
 
 
 def _diff_run(
@@ -187,17 +187,17 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
-    from ..trace._snapshot import snapshot_devices
+    from ..trace._snapshot import device_segments, snapshot_devices
     from ..view import segment_text
 
-    snapshot = _read_snapshot_file(args.file, progress=_show_progress(args))
+    snapshot = _read_snapshot_file(args.file, progress=_show_progress(args)).data
     _check_device_index(args.file, snapshot, args.device_index, history=False)
     if args.device_index is not None:
         devices = [args.device_index]
     else:  # every device with segments or history (device 0 of an empty snapshot)
         in_use = snapshot_devices(snapshot, in_use=True)
         devices = in_use or [0]
-    mine = [[s for s in snapshot["segments"] if s.get("device", 0) == d] for d in devices]
+    mine = [device_segments(snapshot, d) for d in devices]
     if len(devices) == 1:
         print(segment_text(mine[0]))
         return 0
@@ -213,22 +213,25 @@ def _cmd_snapshot_view(args: argparse.Namespace) -> int:
 
     show_progress = _show_progress(args)
     # a clear message for what is not a snapshot
-    snapshot = _read_snapshot_file(args.file, progress=show_progress)
-    _check_device_index(args.file, snapshot, args.device_index)
+    checked = _read_snapshot_file(args.file, progress=show_progress)  # read and checked once
+    _check_device_index(args.file, checked.data, args.device_index)
     for output in (args.output, args.png):
         _not_the_input(output, args.file)
     _check_png(args.png)
     # every device with history, else (the end state) every one with segments
-    in_use = snapshot_devices(snapshot, in_use=True)
-    recorded = devices_with_history(snapshot) or in_use
+    in_use = snapshot_devices(checked.data, in_use=True)
+    recorded = devices_with_history(checked.data) or in_use
     devices = [args.device_index] if args.device_index is not None else recorded or [0]
     # what each picture shows first, so that the snapshot's entries go before the replays
-    pictures = [SnapshotPicture.take(args.file, snapshot, device) for device in devices]
-    del snapshot
-    replay_shown = functools.partial(_replay_shown, show_progress=show_progress)
+    pictures = [SnapshotPicture.take(args.file, checked, device) for device in devices]
+    del checked
     views = []
     for device, picture in zip(devices, pictures, strict=True):
-        view = picture.draw(run=replay_shown)
+        report = None
+        if picture.trace is not None:
+            capture = picture.capture_at()
+            report = _replay_shown(picture.trace, show_progress, capture_at=capture)
+        view = picture.draw(report)
         if len(recorded) > 1:  # the page says which device it shows
             view.title = snapshot_name(args.file, device)
         views.append(view)

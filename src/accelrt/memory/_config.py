@@ -246,23 +246,21 @@ class AllocatorConfig:
         """
         if not recorded:
             return cls()
-        parts = []
+        items: dict[str, str] = {}  # what the string form would say, key by key
         max_split = recorded.get("max_split_size", -1)
         if isinstance(max_split, int) and 0 < max_split < (1 << 62):
-            parts.append(f"max_split_size_mb:{max_split // MiB}")
+            items["max_split_size_mb"] = str(max_split // MiB)
         threshold = recorded.get("garbage_collection_threshold", 0.0)
         if isinstance(threshold, (int, float)) and threshold > 0:
-            parts.append(f"garbage_collection_threshold:{threshold}")
+            items["garbage_collection_threshold"] = str(threshold)
         if recorded.get("expandable_segments") is True:
-            parts.append("expandable_segments:True")
+            items["expandable_segments"] = "True"
         divisions = recorded.get("roundup_power2_divisions")
         if isinstance(divisions, Mapping) and any(divisions.values()):
             ordered = sorted(_recorded_division(k, v) for k, v in divisions.items())
-            parts.append(
-                "roundup_power2_divisions:[" + ",".join(f"{k}:{v}" for k, v in ordered) + "]"
-            )
+            items["roundup_power2_divisions"] = "[" + ",".join(f"{k}:{v}" for k, v in ordered) + "]"
         try:
-            return cls.parse(",".join(parts))
+            return cls.coerce(items)
         except ValueError as exc:
             raise InputError(f"{exc} (a recorded setting: the snapshot is damaged)") from None
 
@@ -297,28 +295,95 @@ class AllocatorConfig:
         """Return the power-of-two divisions that apply to a request of ``size`` bytes."""
         return self.roundup_power2_divisions[self.slot_for(size)]
 
-    def describe(self) -> str:
-        """Return the settings that differ from the defaults as a config string."""
-        parts = []
+    def _items(self) -> list[tuple[str, str]]:
+        """The ``(key, value)`` items that differ from the defaults, in the string form's
+        order: what :meth:`describe` and :attr:`short_label` write."""
+        items = []
         default = AllocatorConfig()
         if self.max_split_size is not None:
-            parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
+            items.append(("max_split_size_mb", str(self.max_split_size // MiB)))
         if self.max_non_split_rounding != default.max_non_split_rounding:
-            parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding // MiB}")
+            items.append(("max_non_split_rounding_mb", str(self.max_non_split_rounding // MiB)))
         if self.large_segment_size != default.large_segment_size:
-            parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
+            items.append(("large_segment_size_mb", str(self.large_segment_size // MiB)))
         if self.roundup_power2_divisions != default.roundup_power2_divisions:
             slots = ",".join(f"{1 << i}:{d}" for i, d in enumerate(self.roundup_power2_divisions))
-            parts.append(f"roundup_power2_divisions:[{slots}]")
+            items.append(("roundup_power2_divisions", f"[{slots}]"))
         if self.garbage_collection_threshold:
-            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
+            items.append(("garbage_collection_threshold", str(self.garbage_collection_threshold)))
         if self.expandable_segments:
-            parts.append("expandable_segments:True")
+            items.append(("expandable_segments", "True"))
         if self.per_process_memory_fraction is not None:
-            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction}")
+            items.append(("per_process_memory_fraction", str(self.per_process_memory_fraction)))
         if self.release_lock_on_malloc:
-            parts.append("release_lock_on_malloc:True")
-        return ",".join(parts) or "defaults"
+            items.append(("release_lock_on_malloc", "True"))
+        return items
+
+    def describe(self) -> str:
+        """Return the settings that differ from the defaults as a config string."""
+        return ",".join(f"{key}:{value}" for key, value in self._items()) or "defaults"
+
+    @property
+    def short_label(self) -> str:
+        """The settings in the short form of a table's column head (``accelrt replay``).
+
+        The items of :meth:`describe` joined by ``", "``: ``expandable_segments:True`` as
+        ``expandable``, ``release_lock_on_malloc:True`` as ``release_lock``,
+        ``max_split_size_mb:N`` as ``max_split:N`` (likewise ``non_split_rounding``, ``gc``,
+        ``fraction``), and ``roundup_power2_divisions`` as runs of equal divisions per
+        power-of-two size in MiB, e.g. ``roundup:[..256:1,512:2,1024:4,2048..:8]``, or
+        ``roundup:4`` when all are equal. Other items longer than 28 characters are cut with
+        ``...``. ``defaults`` for the defaults.
+        """
+        shown = []
+        for key, value in self._items():
+            if key == "expandable_segments":
+                shown.append("expandable")
+            elif key == "release_lock_on_malloc":
+                shown.append("release_lock")
+            elif key == "roundup_power2_divisions":
+                shown.append(f"roundup:{_short_divisions(self.roundup_power2_divisions)}")
+            elif key in _SHORT_KEYS:
+                shown.append(f"{_SHORT_KEYS[key]}:{value}")
+            else:
+                item = f"{key}:{value}"
+                shown.append(item if len(item) <= _SHORT_ITEM else item[: _SHORT_ITEM - 3] + "...")
+        return ", ".join(shown) or "defaults"
+
+
+_SHORT_KEYS = {
+    "max_split_size_mb": "max_split",
+    "max_non_split_rounding_mb": "non_split_rounding",
+    "garbage_collection_threshold": "gc",
+    "per_process_memory_fraction": "fraction",
+}
+"""The keys :attr:`AllocatorConfig.short_label` names shorter."""
+_SHORT_ITEM = 28
+"""A setting item longer than this is cut in a short label (its full text is listed below)."""
+
+
+def _short_divisions(slots: tuple[int, ...]) -> str:
+    """Divisions per slot (size ``1 << i`` MiB) as runs of equal divisions:
+    ``[..256:1,512:2,1024:4,2048..:8]``, or ``4`` when every slot has the same."""
+    runs: list[list[int]] = []  # [first size, last size, divisions]
+    for i, divisions in enumerate(slots):
+        if runs and runs[-1][2] == divisions:
+            runs[-1][1] = 1 << i
+        else:
+            runs.append([1 << i, 1 << i, divisions])
+    if len(runs) == 1:
+        return str(runs[0][2])
+    shown = []
+    for n, (lo, hi, divisions) in enumerate(runs):
+        if lo == hi:
+            shown.append(f"{lo}:{divisions}")
+        elif n == 0:
+            shown.append(f"..{hi}:{divisions}")
+        elif n == len(runs) - 1:
+            shown.append(f"{lo}..:{divisions}")
+        else:
+            shown.append(f"{lo}..{hi}:{divisions}")
+    return "[" + ",".join(shown) + "]"
 
 
 @dataclass(frozen=True)
@@ -347,6 +412,11 @@ class Setting:
     def label(self) -> str:
         """``"recorded"``, or the settings as :meth:`AllocatorConfig.describe` writes them."""
         return RECORDED if self.config is None else self.config.describe()
+
+    @property
+    def short_label(self) -> str:
+        """``"recorded"``, or :attr:`AllocatorConfig.short_label`: a table's column head."""
+        return RECORDED if self.config is None else self.config.short_label
 
 
 def setting_text(label: str, source: str) -> str:

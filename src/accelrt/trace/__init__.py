@@ -12,8 +12,8 @@ from ._columns import TraceEvents as TraceEvents
 from ._format import Trace as Trace
 from ._format import TraceEvent as TraceEvent
 from ._format import TraceFormatError as TraceFormatError
-from ._format import load as load
 from ._format import write as write
+from ._load import load as load
 from ._snapshot import trace_from_snapshot as trace_from_snapshot
 from ._snapshot_schema import read_snapshot as read_snapshot
 from ._torch import record_torch as record_torch

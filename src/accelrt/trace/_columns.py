@@ -6,7 +6,7 @@ is those columns behind the ``Sequence[TraceEvent]`` interface that callers have
 (``len``, indexing, iteration, ``==`` against a list of events); code that wants speed reads the
 arrays.
 
-:func:`scan_lines` is the vectorised half of the JSONL reader (``_format.load_jsonl`` is the
+:func:`scan_lines` is the vectorised half of the JSONL reader (``_jsonl.load_jsonl`` is the
 other half, and owns every error message). It reads the lines of a text chunk without a
 ``json.loads`` per line: each line is reduced to its *shape*, the line with every run of
 digits collapsed to one character (``"addr":139744882716736`` becomes ``"addr":1``). A real

@@ -8,21 +8,25 @@ result as far as accelrt reads it, naming the place inside the file of anything 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..memory._config import AllocatorConfig
 from ..memory._policy import MAX_REQUEST_BYTES
-from ._format import TraceFormatError
+from ._format import TraceFormatError, sniff_file
 from ._plain_pickle import ByteProgress, describe, load_plain_pickle, one_line
 
 __all__ = [
     "ADDR_ACTIONS",
     "ALLOCATED_STATES",
+    "CheckedSnapshot",
     "MAX_FILE_VALUE",
     "SEGMENT_ENTRIES",
     "Problem",
     "check_entries",
     "check_snapshot",
+    "read_checked_snapshot",
     "read_snapshot",
     "settings_of",
 ]
@@ -68,8 +72,49 @@ def read_snapshot(
         value, where it is inside the file (``segments[3].blocks[2].size: ...``). Nothing in
         the file is executed either way.
     """
+    return read_checked_snapshot(path, progress=progress).data
+
+
+@dataclass(frozen=True)
+class CheckedSnapshot:
+    """A snapshot as :func:`read_checked_snapshot` read and checked it, with what the check
+    added up, so that :func:`~accelrt.trace._snapshot.trace_from_snapshot` need not check it
+    again. The snapshot is not to be changed after it was checked.
+
+    Attributes
+    ----------
+    data : dict
+        The snapshot (what :func:`read_snapshot` returns).
+    totals : tuple of _Totals
+        Per ``device_traces`` entry, what the check of its entries added up.
+    settings : AllocatorConfig
+        The recorded ``allocator_settings`` (defaults when the snapshot has none).
+    """
+
+    data: dict[str, Any]
+    totals: tuple[_Totals, ...]
+    settings: AllocatorConfig
+
+
+def read_checked_snapshot(
+    path: str | os.PathLike[str],
+    *,
+    progress: ByteProgress | None = None,
+    expect: Callable[[str], None] | None = None,
+) -> CheckedSnapshot:
+    """:func:`read_snapshot`, opening the file once, with what the check added up.
+
+    Parameters
+    ----------
+    expect : callable, optional
+        Called with what the file is (:func:`~accelrt.trace._format.sniff`: ``"pickle"``,
+        ``"jsonl"``...) before the rest of it is read; it raises to refuse the file.
+    """
     name = os.fspath(path)
     with open(path, "rb") as f:
+        if expect is not None:
+            expect(sniff_file(f))
+            f.seek(0)
         if progress is None:
             data = f.read()
         else:
@@ -89,9 +134,9 @@ def read_snapshot(
         )
     budget = len(data)
     del data  # the decoded snapshot is what is kept
-    check_snapshot(snapshot, name, budget=budget)
+    totals, settings = check_snapshot(snapshot, name, budget=budget)
     snapshot.setdefault("device_traces", [])
-    return snapshot
+    return CheckedSnapshot(snapshot, totals, settings)
 
 
 class Problem(Exception):
@@ -292,12 +337,18 @@ def _check_segments(segments: list[Any]) -> None:
 
 def check_snapshot(
     snapshot: dict[str, Any], where: str, *, budget: int | None = None, entries: bool = True
-) -> None:
+) -> tuple[tuple[_Totals, ...], AllocatorConfig]:
     """Check a decoded snapshot against PyTorch's schema, as far as accelrt reads it.
 
     One pass over segments, blocks and (with ``entries``) trace entries. ``budget`` (the
     file's bytes) bounds how many segments, blocks, entries and alloc frames it may hold: each
     costs at least a byte of pickle, so more means lists repeated by reference (a memo bomb).
+
+    Returns
+    -------
+    (tuple of _Totals, AllocatorConfig)
+        Per device's entries what their check added up (none without ``entries``), and the
+        recorded settings.
 
     Raises
     ------
@@ -305,6 +356,7 @@ def check_snapshot(
         ``"<where>: <path inside the snapshot>: <problem>"``.
     """
     count = 0
+    totals: list[_Totals] = []
 
     def spend(n: int) -> None:
         nonlocal count
@@ -336,13 +388,14 @@ def check_snapshot(
         _check_segments(segments)
         if entries:
             for d, device_entries in enumerate(traces):
-                spend(check_entries(device_entries, f"device_traces[{d}]").frames)
+                totals.append(check_entries(device_entries, f"device_traces[{d}]"))
+                spend(totals[-1].frames)
         settings = snapshot.get("allocator_settings")
         if settings is not None and not isinstance(settings, dict):
             raise Problem(f"allocator_settings: expected a dict, got {describe(settings)}")
     except Problem as exc:
         raise TraceFormatError(f"{where}: {exc}") from None
-    settings_of(snapshot, where)
+    return tuple(totals), settings_of(snapshot, where)
 
 
 def settings_of(snapshot: dict[str, Any], where: str) -> AllocatorConfig:

@@ -7,7 +7,8 @@ import platform
 from collections.abc import Callable
 from typing import Any
 
-from ._format import Trace, load, write
+from ._format import Trace, write
+from ._load import load
 
 __all__ = ["record_torch"]
 

@@ -27,46 +27,22 @@ from __future__ import annotations
 from ._forensics import diff_text as diff_text
 from ._forensics import end_state_text as end_state_text
 from ._forensics import forensics_text as forensics_text
-from ._model import (
-    DEFAULT_MOMENTS as DEFAULT_MOMENTS,
-)
-from ._model import (
-    LiveGroup as LiveGroup,
-)
-from ._model import (
-    RecordedDetails as RecordedDetails,
-)
-from ._model import (
-    SnapshotPicture as SnapshotPicture,
-)
-from ._model import (
-    View as View,
-)
-from ._model import (
-    end_state_view as end_state_view,
-)
-from ._model import (
-    live_groups as live_groups,
-)
-from ._model import (
-    picture_moments as picture_moments,
-)
-from ._model import (
-    recorded_details as recorded_details,
-)
-from ._model import (
-    snapshot_details as snapshot_details,
-)
-from ._model import (
-    view_of_snapshot as view_of_snapshot,
-)
-from ._model import (
-    view_of_trace as view_of_trace,
-)
+from ._model import LiveGroup as LiveGroup
+from ._model import View as View
+from ._model import live_groups as live_groups
+from ._moments import DEFAULT_MOMENTS as DEFAULT_MOMENTS
+from ._moments import picture_moments as picture_moments
+from ._picture import end_state_view as end_state_view
+from ._picture import view_of_trace as view_of_trace
+from ._recorded import RecordedDetails as RecordedDetails
+from ._recorded import recorded_details as recorded_details
+from ._recorded import snapshot_details as snapshot_details
 from ._render import render_html as render_html
 from ._render import render_pages as render_pages
 from ._render import render_png as render_png
 from ._render import segment_text as segment_text
+from ._snapshot import SnapshotPicture as SnapshotPicture
+from ._snapshot import view_of_snapshot as view_of_snapshot
 from ._stacks import CleanStack as CleanStack
 from ._stacks import clean_stack as clean_stack
 
