@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 
 from accelrt.trace import load
+from accelrt.trace._phases import Phase, header_phases
 from accelrt.view import view_of_trace
 from accelrt.view._categories import (
     BUILT_IN,
     CategoryRule,
-    Phase,
     categorize,
     category_bytes,
     folded_stacks,
-    phases_of,
 )
 
 KiB = 1024
@@ -62,8 +61,7 @@ PHASES = [
 
 def _view(tmp_path: Path, events=STEP, phases=PHASES):
     trace = load(_write(tmp_path / "step.jsonl", events, phases))
-    view = view_of_trace(trace)
-    return view, phases_of(trace.header, view.events)
+    return view_of_trace(trace), trace.phases
 
 
 def test_phases_decide_each_kind_and_lifetimes_split_temporaries(tmp_path: Path) -> None:
@@ -107,7 +105,7 @@ def test_without_phases_ops_give_the_sites(tmp_path: Path) -> None:
         ("free", 0x1000, 10 * KiB, None),
     ]
     view, phases = _view(tmp_path, events, [])
-    assert phases == []
+    assert phases == ()
     categories = categorize(view)
     shown = [categories.names[i] for i in categories.of.tolist()]
     assert shown == ["unknown", "gradients", "temporary", "optimizer state"]
@@ -135,7 +133,7 @@ def test_bad_rules_name_the_value(text: str, message: str) -> None:
         CategoryRule.parse(text)
 
 
-def test_phases_of_skips_damaged_entries_and_clips() -> None:
+def test_header_phases_skip_damaged_entries_and_clip() -> None:
     header = {
         "phases": [
             {"phase": "b", "first": 5, "end": 50},
@@ -146,9 +144,30 @@ def test_phases_of_skips_damaged_entries_and_clips() -> None:
             {"phase": "bool", "first": True, "end": 2},
         ]
     }
-    assert phases_of(header, 10) == [Phase("a", 0, 5), Phase("b", 5, 10)]
-    assert phases_of({"phases": "x"}, 10) == []
-    assert phases_of(None, 10) == []
+    assert header_phases(header, None, 10) == (Phase("a", 0, 5), Phase("b", 5, 10))
+    assert header_phases({"phases": "x"}, None, 10) == ()
+    assert header_phases(None, None, 10) == ()
+
+
+def test_phases_follow_the_events_the_trace_keeps(tmp_path: Path) -> None:
+    path = _write(tmp_path / "host.jsonl", STEP, PHASES)
+    lines = path.read_text().splitlines()
+    host = json.loads(lines[3])  # event 2, and its free (event 3): host-only
+    host["host"] = 1
+    free = json.loads(lines[4])
+    free["host"] = 1
+    lines[3], lines[4] = json.dumps(host), json.dumps(free)
+    path.write_text("\n".join(lines) + "\n")
+    assert load(path, include_host=True).phases == tuple(
+        Phase(p["phase"], p["first"], p["end"]) for p in PHASES
+    )
+    # two fwd events gone: fwd keeps event 1 only, and the later phases move down by two
+    assert load(path).phases == (
+        Phase("init", 0, 1),
+        Phase("step0/fwd", 1, 2),
+        Phase("step0/bwd", 2, 4),
+        Phase("step0/opt", 4, 5),
+    )
 
 
 def test_folded_stacks_sum_live_bytes_per_stack(tmp_path: Path) -> None:

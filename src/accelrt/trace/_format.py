@@ -18,6 +18,7 @@ from ._columns import (
     TraceEvent,
     TraceEvents,
 )
+from ._phases import Phase
 
 if TYPE_CHECKING:
     from ._recording import Recording
@@ -71,6 +72,8 @@ class Trace:
         Live requested bytes after the last event.
     recording : Recording or None
         For a PyTorch snapshot: the start state and what PyTorch's allocator did.
+    phases : tuple of Phase
+        Named stretches of the run (the header's ``phases`` table), in ``events`` indices.
     """
 
     header: dict[str, Any]
@@ -81,6 +84,7 @@ class Trace:
     peak_live_bytes: int = 0
     live_at_end_bytes: int = 0
     recording: Recording | None = None
+    phases: tuple[Phase, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.events, TraceEvents):

@@ -38,6 +38,7 @@ from ._format import (
     _int_field,
     _LiveSet,
 )
+from ._phases import header_phases
 
 if TYPE_CHECKING:
     from ._columns import ScannedLines, _Shape
@@ -91,6 +92,7 @@ def _load_jsonl_reference(path: str | os.PathLike[str], *, include_host: bool = 
     """
     name = os.fspath(path)
     events: list[TraceEvent] = []
+    kept: list[bool] = []  # per event line: whether the trace keeps it
     live = _LiveSet()
     skipped = 0
     header: dict[str, Any] | None = None
@@ -106,12 +108,14 @@ def _load_jsonl_reference(path: str | os.PathLike[str], *, include_host: bool = 
             op, addr, size, stream, host = _event_fields(obj, where)
             if op == OP_EMPTY_CACHE:
                 events.append(TraceEvent("empty_cache", 0, 0, 0))
+                kept.append(True)
                 continue
             keep = include_host or not host
             if op == OP_ALLOC:
                 live.alloc(addr, size, where, counted=keep)
             else:
                 size, keep = live.free(addr, where)
+            kept.append(keep)
             if keep:
                 events.append(TraceEvent(_ACTIONS[op], addr, size, stream))
             else:
@@ -126,6 +130,7 @@ def _load_jsonl_reference(path: str | os.PathLike[str], *, include_host: bool = 
         skipped_host_events=skipped,
         peak_live_bytes=live.peak,
         live_at_end_bytes=live.live_bytes,
+        phases=header_phases(header, np.array(kept) if skipped else None, len(events)),
     )
 
 
@@ -492,6 +497,7 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
     if error is not None:
         raise error
     skipped = 0
+    keep = None
     if not include_host and host.any():
         keep = ~host
         skipped = len(keep) - int(np.count_nonzero(keep))
@@ -509,4 +515,5 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
         skipped_host_events=skipped,
         peak_live_bytes=peak,
         live_at_end_bytes=live_at_end,
+        phases=header_phases(header, keep, len(op)),
     )

@@ -8,7 +8,8 @@ first that decides wins):
 1. The user's rules, ``NAME=REGEX`` (``--category``): the first rule whose regular expression
    is found in the allocation's op name or in one of its stack frames names its category.
 2. Where it was allocated (its *site*): the phase whose event range holds its alloc event
-   (the ``phases`` table of an accelrt trace header: ``step0/fwd``, ``step0/bwd``...), else its
+   (``Trace.phases``, from the ``phases`` table of an accelrt trace header: ``step0/fwd``,
+   ``step0/bwd``...), else its
    op (``autograd::engine::evaluate_function: ...`` is backward, ``Optimizer.step#...`` and
    ``Optimizer.zero_grad#...`` the optimizer) or its Python frames (``torch/optim/``,
    ``backward`` or ``torch/autograd/``, ``forward``, ``__init__``/``load_state_dict``).
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._errors import InputError
+from ..trace._phases import Phase
 
 if TYPE_CHECKING:
     from ._model import View
@@ -42,11 +44,9 @@ __all__ = [
     "BUILT_IN",
     "Categories",
     "CategoryRule",
-    "Phase",
     "categorize",
     "category_bytes",
     "folded_stacks",
-    "phases_of",
 ]
 
 #: The inferred categories, in the order tables show them.
@@ -120,15 +120,6 @@ class CategoryRule:
 
 
 @dataclass(frozen=True)
-class Phase:
-    """A named stretch of a recording: events ``first`` up to, not including, ``end``."""
-
-    name: str
-    first: int
-    end: int
-
-
-@dataclass(frozen=True)
 class Categories:
     """Each allocation's category.
 
@@ -143,25 +134,6 @@ class Categories:
 
     names: tuple[str, ...]
     of: np.ndarray
-
-
-def phases_of(header: object, events: int) -> list[Phase]:
-    """The phases of an accelrt trace header (``"phases": [{"phase", "first", "end"}]``),
-    clipped to ``events``; entries that are not well formed are left out, so a damaged header
-    gives fewer phases rather than an error."""
-    if not isinstance(header, dict) or not isinstance(header.get("phases"), list):
-        return []
-    out = []
-    for entry in header["phases"]:
-        if not isinstance(entry, dict):
-            continue
-        name, first, end = entry.get("phase"), entry.get("first"), entry.get("end")
-        if not isinstance(name, str) or type(first) is not int or type(end) is not int:
-            continue
-        first, end = max(0, first), min(events, end)
-        if first < end:
-            out.append(Phase(name, first, end))
-    return sorted(out, key=lambda p: p.first)
 
 
 def _phase_kind(name: str) -> int:
@@ -193,7 +165,7 @@ def categorize(
     view : View
         The allocations (their alloc and free states, ops and stacks).
     phases : sequence of Phase
-        Event ranges of the recording (:func:`phases_of`). Where there are none, runs of
+        Event ranges of the recording (``Trace.phases``). Where there are none, runs of
         consecutive allocations with the same site (from ops and frames) stand in for them.
     rules : sequence of CategoryRule
         The user's rules, tried first, in order.
@@ -201,34 +173,48 @@ def categorize(
     Returns
     -------
     Categories
+
+    Notes
+    -----
+    Rules and sites are decided once per distinct (op, stack) pair and lifetimes with numpy,
+    so the cost grows with the distinct pairs, not with the allocations.
     """
     names = tuple(dict.fromkeys([r.name for r in rules] + list(BUILT_IN)))
     index = {name: n for n, name in enumerate(names)}
-    frames = [_frames(view, int(s)) for s in view.stack.tolist()]
-    ops = [view.ops[o] if o >= 0 else None for o in view.op.tolist()]
+    n_alloc = len(view.size)
+    pair = view.op.astype(np.int64) * (len(view.stacks) + 1) + (view.stack + 1)
+    pairs, which = np.unique(pair, return_inverse=True)
+    by_rule = np.full(len(pairs), -1, dtype=np.int64)
+    site = np.full(len(pairs), _OTHER, dtype=np.int64)
+    for n, key in enumerate(pairs.tolist()):
+        op_id, stack_id = divmod(key, len(view.stacks) + 1)
+        op = view.ops[op_id] if op_id >= 0 else None
+        frames = _frames(view, stack_id - 1)
+        name = _by_rule(rules, op, frames)
+        by_rule[n] = -1 if name is None else index[name]
+        site[n] = _site_from(op, frames)
     if phases:
         phase_at = np.full(view.events, -1, dtype=np.int64)
         for n, phase in enumerate(phases):
-            phase_at[phase.first : phase.end] = n
-        kinds = [_phase_kind(p.name) for p in phases]
+            phase_at[max(0, phase.first) : phase.end] = n
+        kinds = np.array([_phase_kind(p.name) for p in phases] + [_OTHER], dtype=np.int64)
     else:
-        phase_at, kinds = _site_runs(view, ops, frames)
-    known = bool(kinds)  # some phase or site is known: lifetimes can be read against it
-    never_freed = view.events + 1
-    of = np.empty(len(view.size), dtype=np.int64)
-    for n, (start, end) in enumerate(zip(view.start.tolist(), view.end.tolist(), strict=True)):
-        name = _by_rule(rules, ops[n], frames[n])
-        if name is None:
-            if start == 0 or not known:  # nothing says what made it
-                name = "unknown"
-            else:
-                alloc_phase = int(phase_at[start - 1])
-                site = kinds[alloc_phase] if alloc_phase >= 0 else _OTHER
-                if end != never_freed and int(phase_at[end - 1]) == alloc_phase:
-                    name = "temporary"
-                else:
-                    name = _LONG_LIVED.get(site, "unknown")
-        of[n] = index[name]
+        phase_at, kinds = _site_runs(view, site[which])
+    of = np.full(n_alloc, index["unknown"], dtype=np.int64)
+    if len(kinds) > 1:  # some phase or site is known: lifetimes can be read against it
+        made = view.start > 0  # blocks live before the recording began stay unknown
+        alloc_phase = np.full(n_alloc, -1, dtype=np.int64)
+        alloc_phase[made] = phase_at[view.start[made] - 1]
+        freed = made & (view.end <= view.events)
+        free_phase = np.full(n_alloc, -2, dtype=np.int64)
+        free_phase[freed] = phase_at[view.end[freed] - 1]
+        long_lived = np.array(
+            [index[_LONG_LIVED.get(k, "unknown")] for k in range(_OTHER + 1)], dtype=np.int64
+        )
+        of[made] = long_lived[kinds[alloc_phase[made]]]  # -1 (no phase): kinds[-1], other
+        of[freed & (free_phase == alloc_phase)] = index["temporary"]
+    ruled = by_rule[which]
+    of[ruled >= 0] = ruled[ruled >= 0]
     return Categories(names, of)
 
 
@@ -248,31 +234,24 @@ def _by_rule(rules: Sequence[CategoryRule], op: str | None, frames: tuple[str, .
     return None
 
 
-def _site_runs(
-    view: View, ops: list[str | None], frames: list[tuple[str, ...]]
-) -> tuple[np.ndarray, list[int]]:
+def _site_runs(view: View, site_of_alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Phases from the allocations themselves: per event, the index of the run of events
     since the last change of allocation site (an allocation whose site is undecided, and
-    every other event, continues the run), and each run's site."""
+    every other event, continues the run; -1 before the first decided site), and each run's
+    site, with ``_OTHER`` last (for -1)."""
     from ._model import EVENT_ALLOC
 
-    phase_at = np.full(view.events, -1, dtype=np.int64)
-    kinds: list[int] = []
-    site_of: dict[tuple[str | None, tuple[str, ...]], int] = {}
-    run = -1
-    for event, (kind, alloc) in enumerate(
-        zip(view.event_kind.tolist(), view.event_alloc.tolist(), strict=True)
-    ):
-        if kind == EVENT_ALLOC and alloc >= 0:
-            key = (ops[alloc], frames[alloc])
-            site = site_of.get(key)
-            if site is None:
-                site = site_of[key] = _site_from(*key)
-            if site != _OTHER and (run < 0 or kinds[run] != site):
-                kinds.append(site)
-                run += 1
-        phase_at[event] = run
-    return phase_at, kinds
+    events = view.events
+    site = np.full(events, _OTHER, dtype=np.int64)
+    allocs = (view.event_kind == EVENT_ALLOC) & (view.event_alloc >= 0)
+    site[allocs] = site_of_alloc[view.event_alloc[allocs]]
+    decided = np.flatnonzero(site != _OTHER)
+    if not len(decided):
+        return np.full(events, -1, dtype=np.int64), np.array([_OTHER], dtype=np.int64)
+    change = decided[np.r_[True, site[decided][1:] != site[decided][:-1]]]
+    runs = np.searchsorted(change, np.arange(events), side="right") - 1
+    kinds = np.r_[site[change], _OTHER].astype(np.int64)
+    return runs.astype(np.int64), kinds
 
 
 def category_bytes(view: View, categories: Categories, state: int) -> dict[str, tuple[int, int]]:
