@@ -185,3 +185,61 @@ def test_folded_stacks_sum_live_bytes_per_stack(tmp_path: Path) -> None:
     assert folded_stacks(view, 0) == ""
     with pytest.raises(ValueError, match=r"state 6 is out of range \[0, 5\]"):
         folded_stacks(view, 6)
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from accelrt.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse's errors
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_snapshot_stacks_writes_folded_stacks_at_the_peak_or_an_event(tmp_path: Path) -> None:
+    events = [
+        ("alloc", 0x1000, 10, "aten::mm"),
+        ("alloc", 0x2000, 20, "aten::mm"),
+        ("free", 0x1000, 10, None),
+        ("alloc", 0x3000, 5, "aten::add"),
+    ]
+    path = _write(tmp_path / "t.jsonl", events, [])
+    assert _cli("snapshot", "stacks", str(path)) == (
+        0,
+        "(no stack);aten::mm 30\n",  # the peak: after event 1
+        "",
+    )
+    out = tmp_path / "live.folded"
+    assert _cli("snapshot", "stacks", str(path), "--at", "3", "-o", str(out))[0] == 0
+    assert out.read_text() == "(no stack);aten::mm 20\n(no stack);aten::add 5\n"
+    code, _, err = _cli("snapshot", "stacks", str(path), "--at", "4")
+    assert code == 2 and f"--at 4: {path} has 4 events (0 to 3)" in err
+    code, _, err = _cli("snapshot", "stacks", str(path), "--at", "-1")
+    assert code == 2 and "--at takes 'peak' or an event index" in err
+
+
+def test_diff_and_summary_show_kinds_and_the_users_rules(tmp_path: Path) -> None:
+    path = _write(tmp_path / "step.jsonl", STEP, PHASES)
+    code, out, err = _cli(
+        "snapshot", "diff", str(path), "--config", "defaults", "--config",
+        "expandable_segments:True", "--category", "big matmul=aten::mm",
+    )  # fmt: skip
+    assert code == 0, err
+    kinds = out.split("by kind (inferred; docs/viewer.md):\n")[1].splitlines()
+    assert kinds[1:] == [
+        "  100.00 KiB   100.00 KiB      +0 bytes  big matmul",
+        "  100.00 KiB   100.00 KiB      +0 bytes  parameters",
+        "  200.00 KiB   200.00 KiB      +0 bytes  optimizer state",
+    ]
+    snapshot = Path(__file__).parent / "data" / "streams_midrun.pickle"
+    code, out, err = _cli("snapshot", "summary", str(snapshot), "--no-progress")
+    assert code == 0, err
+    assert "by kind (inferred; docs/viewer.md)" in out
+    code, _, err = _cli("snapshot", "summary", str(snapshot), "--category", "x=(")
+    assert code == 2 and "category rule 'x=(': '(' is not a regular expression" in err

@@ -245,3 +245,37 @@ def test_every_drawn_allocation_of_maphsge4_shows_its_python_frame(tmp_path: Pat
         if stack >= 0 and view.stacks[stack].python:
             assert view.stacks[stack].python[0] in hover["tip"], hover["tip"]
             assert ".py:" in hover["tip"].split("stack (Python frames first):\n")[1].split("\n")[0]
+
+
+def test_kinds_of_memory_colour_and_group_the_page(tmp_path: Path) -> None:
+    from accelrt.view import add_categories
+
+    phases = [
+        {"phase": "init", "first": 0, "end": 1},
+        {"phase": "step0/fwd", "first": 1, "end": 4},
+        {"phase": "step0/bwd", "first": 4, "end": 6},
+        {"phase": "step0/opt", "first": 6, "end": 7},
+    ]
+    rows = [
+        {"action": "alloc", "addr": 0x1000, "size": 100 * MiB, "stream": 0},  # parameter
+        {"action": "alloc", "addr": 0x100000, "size": 30 * MiB, "stream": 0},  # activation
+        {"action": "alloc", "addr": 0x200000, "size": 7 * MiB, "stream": 0},  # temporary
+        {"action": "free", "addr": 0x200000, "size": 7 * MiB, "stream": 0},
+        {"action": "alloc", "addr": 0x300000, "size": 100 * MiB, "stream": 0},  # gradient
+        {"action": "free", "addr": 0x100000, "size": 30 * MiB, "stream": 0},
+        {"action": "alloc", "addr": 0x400000, "size": 200 * MiB, "stream": 0},  # optimizer
+    ]
+    path = tmp_path / "step.jsonl"
+    write(path, rows, {"name": "step", "phases": phases})
+    trace = load(path)
+    view = view_of_trace(trace, replay(trace, capture_at=picture_moments(trace)))
+    add_categories(view)
+    page = tmp_path / "step.html"
+    page.write_text(render_html(view))
+    result = _load(page)
+    _check_page(result)
+    kinds = re.search(r'<table id="live-kind">(.*?)</table>', result["dom"], re.S)
+    assert kinds is not None
+    cells = re.findall(r"<td>([a-z ]+)</td>", kinds.group(1))
+    assert cells == ["optimizer state", "parameters", "gradients"]  # at the peak, largest first
+    assert '<option value="kind">kind</option>' in result["dom"]

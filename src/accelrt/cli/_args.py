@@ -18,6 +18,7 @@ from .._units import parse_bytes
 
 if TYPE_CHECKING:
     from ..memory._config import Setting
+    from ..view._categories import CategoryRule
 
 
 MAX_DEVICE_INDEX = 1023
@@ -83,6 +84,29 @@ def _parsed_setting(text: str, source: str) -> Setting:
 
     config, ignored = AllocatorConfig.parse_torch(text)
     return Setting(config, source, tuple(ignored))
+
+
+def _category_arg(text: str) -> CategoryRule:
+    """A ``--category NAME=REGEX``: the user's kind of memory (view/_categories.py)."""
+    from ..view._categories import CategoryRule
+
+    try:
+        return CategoryRule.parse(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_category_option(parser: argparse.ArgumentParser) -> None:
+    """``--category NAME=REGEX``, repeatable, on the commands that show kinds of memory."""
+    parser.add_argument(
+        "--category",
+        action="append",
+        default=[],
+        type=_category_arg,
+        metavar="NAME=REGEX",
+        help="a kind of memory of your own: allocations whose op or a stack frame matches "
+        "REGEX (tried before the inferred kinds, in order; repeatable)",
+    )
 
 
 def _config_arg(text: str) -> Setting:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..replay import ReplayReport
     from ..trace import Trace
     from ..view import View
+    from ..view._categories import CategoryRule
 
 
 def _console() -> Console:
@@ -60,21 +61,30 @@ def _write_png(view: Any, path: str, render: Callable[[Any, str], None] | None =
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _view(snapshot: dict[str, Any] | None, trace: Trace, report: ReplayReport | None) -> View:
-    """The picture of ``trace`` and its replay; a snapshot's device's with its recorded stacks,
-    times and OOMs (``device_traces[N]``) and end segments."""
+def _view(
+    snapshot: dict[str, Any] | None,
+    trace: Trace,
+    report: ReplayReport | None,
+    rules: Sequence[CategoryRule] = (),
+) -> View:
+    """The picture of ``trace`` and its replay, with the kinds of memory (the user's
+    ``--category`` rules first); a snapshot's device's with its recorded stacks, times and OOMs
+    (``device_traces[N]``) and end segments."""
     from ..trace._snapshot import device_segments
-    from ..view import view_of_trace
+    from ..view import add_categories, view_of_trace
 
     if snapshot is None or trace.recording is None:
-        return view_of_trace(trace, report)
-    device = trace.recording.device
-    return view_of_trace(
-        trace,
-        report,
-        entries=snapshot["device_traces"][device],
-        end_segments=device_segments(snapshot, device),
-    )
+        view = view_of_trace(trace, report)
+    else:
+        device = trace.recording.device
+        view = view_of_trace(
+            trace,
+            report,
+            entries=snapshot["device_traces"][device],
+            end_segments=device_segments(snapshot, device),
+        )
+    add_categories(view, rules)
+    return view
 
 
 def _numbered(path: str, device: int) -> str:

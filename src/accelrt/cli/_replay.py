@@ -14,6 +14,7 @@ from .._text import one_line, printable
 from ._args import (
     _DEVICE_INDEX_HELP,
     MAX_DEVICE_INDEX,
+    _add_category_option,
     _add_start_option,
     _capacity_arg,
     _check_png,
@@ -142,7 +143,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     done = [[_replayed(run[k]) for k in kept] for run in runs]
     configs = [[used[k] for k in kept] for used in configs]
     if pictures:
-        views = [_view(snapshot, t, r[0]) for t, r in zip(traces, done, strict=True)]
+        views = [_view(snapshot, t, r[0], args.category) for t, r in zip(traces, done, strict=True)]
         devices = [_recorded_device(t) for t in traces]
         title = snapshot_name(args.trace)
         _write_views(views, devices, args.html, args.png, title=title, stream=sys.stderr)
@@ -261,4 +262,5 @@ def _add_replay_parser(sub: Any) -> None:
         type=_output_arg("--png"),
         help="also write active memory over time as a PNG (matplotlib)",
     )
+    _add_category_option(rep)
     rep.set_defaults(func=_cmd_replay)

@@ -7,13 +7,15 @@ import argparse
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import InputError
-from .._text import printable
+from .._text import printable, shown
 from .._units import format_bytes
 from ._args import (
     _DEVICE_INDEX_HELP,
+    _add_category_option,
     _check_png,
     _config_arg,
     _index_arg,
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from ..replay import ReplayReport
     from ..trace import Trace
     from ..view import View
+    from ..view._categories import CategoryRule
 
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
@@ -69,7 +72,7 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
             f"{report.recorded_peak_reserved_bytes} bytes (replay: {report.peak_reserved_bytes})."
         )
         print()
-        view = _view(snapshot, trace, report)
+        view = _view(snapshot, trace, report, args.category)
         print(printable(forensics_text(view, width=width), keep_newlines=True), end="")
     if len(traces) > 1:
         from ..memory._config import RECORDED, Setting
@@ -116,13 +119,18 @@ def _diff_side(path: str, device_index: int | None) -> tuple[dict[str, Any] | No
 
 
 def _diff_run(
-    path: str, snapshot: dict[str, Any] | None, trace: Trace, setting: Setting, several: bool
+    path: str,
+    snapshot: dict[str, Any] | None,
+    trace: Trace,
+    setting: Setting,
+    several: bool,
+    rules: Sequence[CategoryRule],
 ) -> tuple[str, View, ReplayReport]:
     """A label, the picture and the replay of one device of one side of a diff."""
     from ..replay import replay
 
     report = replay(trace, config=setting.config, capture_at=[len(trace.events) - 1])
-    view = _view(snapshot, trace, report)
+    view = _view(snapshot, trace, report, rules)
     device = f" device {_recorded_device(trace)}" if several else ""
     return f"{os.path.basename(path)}{device}, setting from {setting.source}", view, report
 
@@ -168,8 +176,8 @@ def _cmd_snapshot_diff(args: argparse.Namespace) -> int:
     width = max(60, min(160, shutil.get_terminal_size().columns))
     peaks = []
     for n, (trace_a, trace_b) in enumerate(zip(traces_a, traces_b, strict=True)):
-        a = _diff_run(files[0], snap_a, trace_a, settings[0], several)
-        b = _diff_run(files[1], snap_b, trace_b, settings[1], several)
+        a = _diff_run(files[0], snap_a, trace_a, settings[0], several, args.category)
+        b = _diff_run(files[1], snap_b, trace_b, settings[1], several, args.category)
         text = printable(diff_text(a, b, width=width), keep_newlines=True)
         print(("\n" if n else "") + text, end="")
         for side, (_, _, report) in zip("AB", (a, b), strict=True):
@@ -209,7 +217,7 @@ def _cmd_snapshot_segments(args: argparse.Namespace) -> int:
 
 def _cmd_snapshot_view(args: argparse.Namespace) -> int:
     from ..trace._snapshot import devices_with_history, snapshot_devices, snapshot_name
-    from ..view import SnapshotPicture
+    from ..view import SnapshotPicture, add_categories
 
     show_progress = _show_progress(args)
     # a clear message for what is not a snapshot
@@ -232,6 +240,8 @@ def _cmd_snapshot_view(args: argparse.Namespace) -> int:
             capture = picture.capture_at()
             report = _replay_shown(picture.trace, show_progress, capture_at=capture)
         view = picture.draw(report)
+        if view.history:  # kinds of memory, where there are events to read them from
+            add_categories(view, args.category)
         if len(recorded) > 1:  # the page says which device it shows
             view.title = snapshot_name(args.file, device)
         views.append(view)
@@ -240,11 +250,51 @@ def _cmd_snapshot_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _moment_arg(text: str) -> int | None:
+    """``--at``: None for the peak, else an event index."""
+    value = text.strip()
+    if value == "peak":
+        return None
+    if not value.isascii() or not value.isdigit() or len(value) > 18:
+        raise argparse.ArgumentTypeError(
+            f"--at takes 'peak' or an event index (a whole number >= 0), got {shown(text)}"
+        )
+    return int(value)
+
+
+def _cmd_snapshot_stacks(args: argparse.Namespace) -> int:
+    from ..view import folded_stacks
+
+    _not_the_input(args.output, args.file)
+    snapshot, traces = _diff_side(args.file, args.device_index)
+    if len(traces) > 1:
+        raise InputError(
+            f"{args.file} has allocation history on several devices: choose one with "
+            "--device-index N"
+        )
+    view = _view(snapshot, traces[0], None)
+    if args.at is None:
+        state = view.peak_state
+    elif args.at < view.events:
+        state = args.at + 1
+    else:
+        raise InputError(
+            f"--at {args.at}: {args.file} has {view.events} events (0 to {view.events - 1})"
+        )
+    text = folded_stacks(view, state)
+    if args.output is None:
+        print(printable(text, keep_newlines=True), end="")
+    else:
+        with open(args.output, "w", encoding="utf-8", errors="backslashreplace") as out:
+            out.write(text)
+    return 0
+
+
 def _add_snapshot_parser(sub: Any) -> None:
     """The ``snapshot`` commands' options."""
     snap = sub.add_parser("snapshot", help="look into a memory snapshot pickle (PyTorch's or ours)")
     snap_sub = snap.add_subparsers(
-        dest="snapshot_command", required=True, metavar="{summary,segments,view,diff}"
+        dest="snapshot_command", required=True, metavar="{summary,segments,view,diff,stacks}"
     )
     for name, func, text in (
         ("summary", _cmd_snapshot_summary, "the memory_summary table of the recorded run"),
@@ -255,6 +305,8 @@ def _add_snapshot_parser(sub: Any) -> None:
         cmd.add_argument("file", help="a snapshot pickle (read as plain data; nothing in it runs)")
         cmd.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
         cmd.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+        if name != "segments":
+            _add_category_option(cmd)
         if name == "view":
             cmd.add_argument(
                 "-o",
@@ -284,4 +336,22 @@ def _add_snapshot_parser(sub: Any) -> None:
         "replay's)",
     )
     diff.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
+    _add_category_option(diff)
     diff.set_defaults(func=_cmd_snapshot_diff)
+    stacks = snap_sub.add_parser(
+        "stacks",
+        help="the live bytes at one moment as folded stacks, for flame graphs (flamegraph.pl, "
+        "speedscope, inferno)",
+    )
+    stacks.add_argument("file", help="a snapshot pickle or an accelrt trace (.jsonl.gz)")
+    stacks.add_argument(
+        "--at",
+        default="peak",
+        type=_moment_arg,
+        help="'peak' (the default), or an event index: what was live just after that event",
+    )
+    stacks.add_argument("--device-index", type=_index_arg, help=_DEVICE_INDEX_HELP)
+    stacks.add_argument(
+        "-o", "--output", type=_output_arg("--output"), help="the file to write (default: stdout)"
+    )
+    stacks.set_defaults(func=_cmd_snapshot_stacks)

@@ -24,6 +24,11 @@ history once when it has one).
 
 from __future__ import annotations
 
+from ._categories import Categories as Categories
+from ._categories import CategoryRule as CategoryRule
+from ._categories import add_categories as add_categories
+from ._categories import category_bytes as category_bytes
+from ._categories import folded_stacks as folded_stacks
 from ._forensics import diff_text as diff_text
 from ._forensics import end_state_text as end_state_text
 from ._forensics import forensics_text as forensics_text
@@ -48,15 +53,20 @@ from ._stacks import clean_stack as clean_stack
 
 __all__ = [
     "DEFAULT_MOMENTS",
+    "Categories",
+    "CategoryRule",
     "CleanStack",
     "LiveGroup",
     "RecordedDetails",
     "SnapshotPicture",
     "View",
+    "add_categories",
+    "category_bytes",
     "clean_stack",
     "diff_text",
     "end_state_text",
     "end_state_view",
+    "folded_stacks",
     "forensics_text",
     "live_groups",
     "picture_moments",

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILT_IN",
+    "add_categories",
     "Categories",
     "CategoryRule",
     "categorize",
@@ -252,6 +253,21 @@ def _site_runs(view: View, site_of_alloc: np.ndarray) -> tuple[np.ndarray, np.nd
     runs = np.searchsorted(change, np.arange(events), side="right") - 1
     kinds = np.r_[site[change], _OTHER].astype(np.int64)
     return runs.astype(np.int64), kinds
+
+
+def add_categories(view: View, rules: Sequence[CategoryRule] = ()) -> Categories:
+    """Infer the categories of a view's allocations (:func:`categorize`, with the view's
+    phases) and keep them on it (``view.category``, ``view.category_names``), where the page,
+    ``snapshot summary`` and ``snapshot diff`` show them.
+
+    Returns
+    -------
+    Categories
+        What was kept.
+    """
+    categories = categorize(view, view.phases, rules)
+    view.category, view.category_names = categories.of, categories.names
+    return categories
 
 
 def category_bytes(view: View, categories: Categories, state: int) -> dict[str, tuple[int, int]]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .._units import format_bytes
 from ..memory._summary import fit_frame, format_live_groups
+from ._categories import Categories, category_bytes
 from ._model import View, live_groups
 
 if TYPE_CHECKING:
@@ -73,7 +76,54 @@ def forensics_text(view: View, *, width: int = 100, limit: int = 10) -> str:
                 f"{sum(g.count for g in groups)} allocations, by {what}"
             )
             out.append(format_live_groups(title, rows, int(totals[state]), width=width))
+        if view.category is not None:
+            out.append(_kind_table(view, state, f"Live at {label}", width))
+    if view.category is not None and view.phases:
+        out.append(_phase_table(view, width))
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _categories(view: View) -> Categories:
+    assert view.category is not None
+    return Categories(view.category_names, view.category)
+
+
+def _kind_table(view: View, state: int, label: str, width: int) -> str:
+    """What was live at ``state`` by kind (``view.category``), largest first."""
+    per = category_bytes(view, _categories(view), state)
+    rows = sorted(((k, b, c) for k, (b, c) in per.items() if c), key=lambda r: -r[1])
+    live = sum(b for _, b, _ in rows)
+    title = f"{label}: {format_bytes(live)}, by kind (inferred; docs/viewer.md)"
+    return format_live_groups(title, rows, live, width=width)
+
+
+_PHASE_ROWS = 24
+"""Phases shown in the per-phase table at most (the rest are counted)."""
+
+
+def _phase_table(view: View, width: int) -> str:
+    """At each phase's own peak (its state with the most live bytes): live bytes by kind."""
+    categories = _categories(view)
+    totals = view.totals()
+    rows = []
+    for phase in view.phases:
+        states = totals[phase.first + 1 : phase.end + 1]
+        state = phase.first + 1 + int(np.argmax(states))
+        rows.append((phase.name, state, category_bytes(view, categories, state)))
+    shown = [name for name in categories.names if any(per[name][1] for _, _, per in rows)]
+    name_width = max(8, min(24, max(len(p.name) for p in view.phases)))
+    columns = max(1, (width - name_width - 24) // 11)
+    shown = shown[:columns]
+    out = ["Live at each phase's peak, by kind (inferred; docs/viewer.md)"]
+    head = f"{'phase':<{name_width}} {'event':>9} {'live':>11}"
+    out.append(head + "".join(f" {name[:10]:>10}" for name in shown))
+    for name, state, per in rows[:_PHASE_ROWS]:
+        live = format_bytes(int(totals[state]))
+        line = f"{name[:name_width]:<{name_width}} {state - 1:>9} {live:>11}"
+        out.append(line + "".join(f" {format_bytes(per[k][0]):>10}" for k in shown))
+    if len(rows) > _PHASE_ROWS:
+        out.append(f"... {len(rows) - _PHASE_ROWS} more phases")
+    return "\n".join(out) + "\n"
 
 
 def end_state_text(view: View, *, width: int = 100, limit: int = 10) -> str:
@@ -202,4 +252,17 @@ def diff_text(
         )
     if len(keys) > limit:
         out.append(f"... {len(keys) - limit} more frames")
+    if va.category is not None and vb.category is not None:
+        ka = category_bytes(va, _categories(va), va.peak_state)
+        kb = category_bytes(vb, _categories(vb), vb.peak_state)
+        out += ["", "Live bytes at each run's peak, by kind (inferred; docs/viewer.md):"]
+        out.append(f"{'A':>12} {'B':>12} {'B - A':>13}  kind")
+        for name in dict.fromkeys([*va.category_names, *vb.category_names]):
+            x, y = ka.get(name, (0, 0))[0], kb.get(name, (0, 0))[0]
+            if x or y:
+                sign = "-" if y < x else "+"
+                out.append(
+                    f"{format_bytes(x):>12} {format_bytes(y):>12} "
+                    f"{sign + format_bytes(abs(y - x)):>13}  {name}"
+                )
     return "\n".join(out) + "\n"

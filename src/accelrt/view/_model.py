@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from ..trace._columns import OP_ALLOC
 from ..trace._format import Trace
+from ..trace._phases import Phase
 from ..trace._recording import FAILED_ADDR
 from ._stacks import CleanStack
 
@@ -97,6 +98,12 @@ class View:
     history : bool
         False for a snapshot recorded without allocation history: no events, the end state's
         allocated blocks as allocations live at state 0 and its segment map as the one moment.
+    phases : tuple of Phase
+        The trace's named stretches (``Trace.phases``), in event indices.
+    category : numpy.ndarray of int64 or None
+        Per allocation: an index into ``category_names`` (what kind of memory it is), once
+        :func:`~accelrt.view.add_categories` ran; None before.
+    category_names : tuple of str
     """
 
     title: str
@@ -118,6 +125,9 @@ class View:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     history: bool = True
+    phases: tuple[Phase, ...] = ()
+    category: Int64Array | None = None
+    category_names: tuple[str, ...] = ()
 
     def totals(self) -> Int64Array:
         """Live requested bytes at each state (``events + 1`` values)."""

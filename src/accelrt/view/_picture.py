@@ -142,6 +142,7 @@ def _build(trace: Trace, details: RecordedDetails | None) -> View:
         times=times,
         stacks=stacks,
         ops=ops,
+        phases=trace.phases,
     )
 
 

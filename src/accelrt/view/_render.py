@@ -39,7 +39,7 @@ _PAGE = """<!DOCTYPE html>
 <div class="controls"><button id="zoom-in" title="zoom in">+</button>
 <button id="zoom-out" title="zoom out">&minus;</button><button id="reset">whole run</button>
 <label>colour by <select id="color-by"><option value="stack">stack</option>
-<option value="op">op</option></select></label>
+<option value="op">op</option><option value="kind">kind</option></select></label>
 <span id="range" class="muted"></span></div>
 <canvas id="timeline"></canvas>
 <canvas id="minimap" title="the whole run: drag to zoom to a range"></canvas>
@@ -54,6 +54,7 @@ the replay.</p>
 <th class="num">live</th><th>stack of the request</th></tr></table></div>
 <h2>What was live <select id="live-at"></select></h2>
 <div class="split"><table id="live-frame"></table><table id="live-op"></table></div>
+<table id="live-kind"></table>
 <h2>Allocator state at <span id="state-label"></span></h2>
 <div id="seg-banner" class="banner" hidden></div>
 <div class="split"><div id="events" tabindex="0" title="arrow keys, Page Up/Down, Home, End">
@@ -148,10 +149,13 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
     ]
     if view.times is not None:
         columns.append(("times", np.diff(view.times, prepend=0.0), "<f8", "f64"))
+    if view.category is not None:
+        columns.append(("cat", view.category, "<i4", "i32"))
     rows, moments = _moment_rows(view.moments)
     meta = {  # after the stacks
         "ops": view.ops,
         "groups": group_names,
+        "categories": list(view.category_names) if view.category is not None else [],
         "streams": [str(s) for s in streams],
         "ooms": view.ooms,
         "rows": rows,

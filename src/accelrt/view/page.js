@@ -215,6 +215,15 @@ async function main() {
   let selected = peakState;  // selected state
   let sx0 = null, sx1 = null, sst = null, nSamples = 0, ymax = 1, minBytes = 0;
   let drawnSet = new Set(), base = null;
+  // what colours and groups the allocations: the top frame of their stack, their op, or the
+  // kind of memory inferred for them (a "cat" column, where the page was given kinds)
+  const kindNames = META.categories || [], catOf = D.cat || null;
+  const MODES = {
+    stack: { of: (i) => groupOf[i], names: groupNames, none: "(no stack)", label: "stack frame" },
+    op: { of: (i) => opOf[i], names: ops, none: "(no op)", label: "op" },
+    kind: { of: (i) => catOf[i], names: kindNames, none: "(unknown)", label: "kind" },
+  };
+  if (!catOf) $("color-by").querySelector("option[value=kind]").remove();
   let colorBy = ops.length && !groupNames.length ? "op" : "stack";
   $("color-by").value = colorBy;
   const K = 2500;  // at most this many allocations drawn one by one
@@ -232,10 +241,8 @@ async function main() {
   const X = (s) => M.l + (s - v0) * PW / (v1 - v0 + 1);  // left edge of state s
   const Y = (b) => M.t + PH - PH * b / ymax;
   // the group of an allocation: its op, or the top frame of its stack (-1: none)
-  function keyOf(i) { return colorBy === "op" ? opOf[i] : groupOf[i]; }
-  function keyName(key) {
-    return colorBy === "op" ? (key >= 0 ? ops[key] : "(no op)") : key >= 0 ? groupNames[key] : "(no stack)";
-  }
+  function keyOf(i) { return MODES[colorBy].of(i); }
+  function keyName(key) { const m = MODES[colorBy]; return key >= 0 ? m.names[key] : m.none; }
   function colour(i) {
     const key = keyOf(i);
     return "hsl(" + hue(key >= 0 ? key + 1 : i) + ",58%," + (key >= 0 ? 60 : 72) + "%)";
@@ -299,7 +306,7 @@ async function main() {
   // The live allocations not drawn one by one, summed by group at each sampled state: the
   // BANDS - 1 groups with the most bytes at some sampled state get a band each, the rest one.
   function aggregate(first) {
-    const G = (colorBy === "op" ? ops.length : groupNames.length) + 1;  // slot 0: no group
+    const G = MODES[colorBy].names.length + 1;  // slot 0: no group
     const sum = new Float64Array(G), cnt = new Int32Array(G), peak = new Float64Array(G);
     for (let i = 0; i < N; i++) {
       if (!isDrawn[i] && start[i] <= first && end[i] > first) { const g = keyOf(i) + 1; sum[g] += size[i]; cnt[g]++; }
@@ -444,7 +451,7 @@ async function main() {
     drawMinimap();
     $("range").textContent = "events " + Math.max(0, v0 - 1) + " to " + Math.max(0, v1 - 1) + " of " + E +
       "; " + drawnSet.size + " allocations drawn one by one, smaller ones summed in " + nBands + " band" +
-      (nBands === 1 ? "" : "s") + " by " + (colorBy === "op" ? "op" : "stack frame") + " (at the bottom)";
+      (nBands === 1 ? "" : "s") + " by " + MODES[colorBy].label + " (at the bottom)";
     body.dataset.drawn = String(drawnSet.size);
     body.dataset.bands = String(nBands);
     body.dataset.view = v0 + "-" + v1;
@@ -548,7 +555,7 @@ async function main() {
     const head = "after " + eventText(h.state - 1) + ": " + fmt(total[h.state]) + " live";
     if (h.band !== undefined) {
       const o = h.band * nSamples + h.col, c = bandCnt[o];
-      return (colorBy === "op" ? "op: " : "stack frame: ") + bandName(h.band) + "\n" + c + " allocation" +
+      return MODES[colorBy].label + ": " + bandName(h.band) + "\n" + c + " allocation" +
         (c === 1 ? "" : "s") + ", " + fmtLong(bandVal[o]) + " live, each too small to draw at this zoom" +
         "\n(zoom in to see them one by one)\n\n" + head;
     }
@@ -631,11 +638,11 @@ async function main() {
   if (!NOHIST) el("option", { value: String(peakState) }, liveAt, "at the peak (" + eventText(peakState - 1) + ")");
   ooms.forEach((o, n) => el("option", { value: String(o.event) }, liveAt, "at OOM " + (n + 1) + " (" + eventText(o.event) + ")"));
   liveAt.value = NOHIST ? "0" : ooms.length ? String(ooms[0].event) : String(peakState);
-  function groups(state, byOp) {
-    const sums = new Map();
+  function groups(state, mode) {
+    const sums = new Map(), m = MODES[mode];
     for (let i = 0; i < N; i++) {
       if (start[i] > state || end[i] <= state) continue;
-      const key = byOp ? (opOf[i] >= 0 ? ops[opOf[i]] : "(no op)") : groupOf[i] >= 0 ? groupNames[groupOf[i]] : "(no stack)";
+      const k = m.of(i), key = k >= 0 ? m.names[k] : m.none;
       const g = sums.get(key) || [0, 0];
       g[0] += size[i]; g[1] += 1; sums.set(key, g);
     }
@@ -644,15 +651,17 @@ async function main() {
   function fillLive() {
     const state = liveAt.value === "selected" ? selected : +liveAt.value;
     const live = total[Math.min(E, state)];
-    for (const [id, byOp] of [["live-frame", false], ["live-op", true]]) {
+    const tables = [["live-frame", "stack", "innermost Python frame (else C++ frame)"], ["live-op", "op", "op"]];
+    if (catOf) tables.push(["live-kind", "kind", "kind of memory (inferred; see docs/viewer.md)"]);
+    for (const [id, mode, heading] of tables) {
       const t = $(id);
       t.textContent = "";
       const hr = el("tr", {}, t);
-      el("th", {}, hr, byOp ? "op" : "innermost Python frame (else C++ frame)");
+      el("th", {}, hr, heading);
       el("th", { class: "num" }, hr, "live bytes"); el("th", { class: "num" }, hr, "share");
       el("th", { class: "num" }, hr, "allocations");
-      const rows = groups(Math.min(E, state), byOp);
-      if (byOp && !ops.length) { el("td", { colspan: 4 }, el("tr", {}, t), "this input records no op names"); continue; }
+      const rows = groups(Math.min(E, state), mode);
+      if (mode === "op" && !ops.length) { el("td", { colspan: 4 }, el("tr", {}, t), "this input records no op names"); continue; }
       for (const [key, [b, c]] of rows) {
         const tr = el("tr", {}, t);
         el("td", {}, tr, key); el("td", { class: "num" }, tr, fmt(b));
