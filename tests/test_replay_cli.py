@@ -151,7 +151,7 @@ def test_replay_uses_header_capacity_on_sim(tmp_path: Path) -> None:
 
 
 def test_pictures_draw_the_replay_the_user_asked_for(tmp_path: Path) -> None:
-    from accelrt.view import picture_moments, render_html, view_of_trace
+    from accelrt.view import add_categories, picture_moments, render_html, view_of_trace
 
     trace = load(EXAMPLE)
     page = tmp_path / "run.html"
@@ -165,7 +165,9 @@ def test_pictures_draw_the_replay_the_user_asked_for(tmp_path: Path) -> None:
         capture_at=picture_moments(trace),
     )
     assert report.capacity_bytes == 1 << 30
-    assert page.read_text() == render_html(view_of_trace(trace, report))
+    view = view_of_trace(trace, report)
+    add_categories(view)  # the command's page shows the kinds of memory too
+    assert page.read_text() == render_html(view)
     plain = replay(trace, device="sim", capture_at=picture_moments(trace))
     assert render_html(view_of_trace(trace, plain)) != page.read_text()  # the setting shows
     with pytest.raises(ValueError, match="captured no segment map"):
