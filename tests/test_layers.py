@@ -16,7 +16,7 @@ SRC = Path(accelrt.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
     # leaves: errors, units, text, the compiled-module switch, devices
-    ("_errors", "_units", "_text", "_gc", "_compiled", "_stream_ops", "_device"),
+    ("_errors", "_units", "_text", "_gc", "_compiled", "_stream_ops", "_device", "_version"),
     ("backends",),
     ("_runtime",),
     ("_stream", "memory", "_accelerator", "_graph", "interop"),

@@ -40,6 +40,7 @@ from ._stream import current_stream as current_stream
 from ._stream import set_stream as set_stream
 from ._units import format_bytes as format_bytes
 from ._units import parse_bytes as parse_bytes
+from ._version import __version__ as __version__
 from .memory import AllocatorConfig as AllocatorConfig
 from .memory import Buffer as Buffer
 from .memory import HostBuffer as HostBuffer
@@ -66,8 +67,6 @@ from .memory import reset_peak_host_memory_stats as reset_peak_host_memory_stats
 from .memory import reset_peak_memory_stats as reset_peak_memory_stats
 from .memory import set_allocator_settings as set_allocator_settings
 from .memory import set_per_process_memory_fraction as set_per_process_memory_fraction
-
-__version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from ._sweep import sweep as sweep

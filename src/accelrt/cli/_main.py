@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"on stderr; ACCELRT_DEBUG=1 adds the traceback); {EXIT_BUG} a bug in accelrt (the "
         f"traceback: please report it); {EXIT_INTERRUPTED} interrupted.",
     )
-    from .. import __version__
+    from .._version import __version__
 
     parser.add_argument("--version", action="version", version=f"accelrt {__version__}")
     sub = parser.add_subparsers(
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"accelrt {command}: error: {_input_error_text(exc)}", file=sys.stderr)
                 return EXIT_USAGE
             # a bug, or input that no check foresaw (a bug in the check)
-            from .. import __version__
+            from .._version import __version__
 
             _print_traceback(exc)
             print(

@@ -5,13 +5,23 @@ wrappers copies use."""
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..._stream_ops import SVMStreamOps  # the build where there is one (_compiled.py)
 from ._cl import _CL_COMPLETE, _EXECUTION_STATUS, _host_array, _raise_driver_error
 
-if TYPE_CHECKING:
-    from ._devices import _CLDevice
+
+class _CLDevice(Protocol):
+    """What the per-queue objects use of a device's state (``_devices._CLDevice``)."""
+
+    cl: Any  # the pyopencl module
+    index: int
+    svm: dict[tuple[int, int], Any]  # the cached cl.SVM wrappers (see _svm)
+    svm_memcpy: Callable[..., Any]
+
+    def marker(self, queue: Any, wait_for: Any) -> Any: ...
+
 
 # the largest number of cached cl.SVM wrappers of device memory per device (see _svm)
 _SVM_CACHE_SIZE = 4096

@@ -4,12 +4,21 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._sycl import _raise_driver_error
 
-if TYPE_CHECKING:
-    from ._devices import _XPUDevice
+
+class _XPUDevice(Protocol):
+    """What the per-queue objects use of a device's state (``_devices._XPUDevice``)."""
+
+    dpctl: Any  # the dpctl module
+    index: int
+    complete: Any  # dpctl.event_status_type.complete
+    views: dict[tuple[int, int], Any]
+
+    def view(self, ptr: int, nbytes: int) -> Any: ...
+
 
 # a copy of host memory forgets the finished ones at the head of its queue's list once it holds
 # this many (see _XPUStream.memcpy_async)
