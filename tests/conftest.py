@@ -30,13 +30,13 @@ from typing import Any
 import pytest
 
 import accelrt as acc
-from accelrt import _runtime, _stream
-from accelrt.backends import _base
+from accelrt.backends import get_backend
+from accelrt.testing import reset_runtime
 
 
 def _opencl_available() -> bool:
     try:
-        return _base.get_backend("opencl").is_available()
+        return get_backend("opencl").is_available()
     except ImportError:
         return False
 
@@ -44,12 +44,9 @@ def _opencl_available() -> bool:
 @pytest.fixture(autouse=True)
 def clean_runtime() -> Iterator[None]:
     """Every test starts and ends with no chosen accelerator, allocators or current devices."""
-    _runtime.reset_state()
-    _stream.reset_local()
-    _base._instances.pop("sim", None)  # a fresh simulated backend (default capacity)
+    reset_runtime()
     yield
-    _runtime.reset_state()
-    _stream.reset_local()
+    reset_runtime()
 
 
 def _cuda_available() -> bool:
@@ -60,7 +57,7 @@ def _cuda_available() -> bool:
 
 def _xpu_skip_reason() -> str | None:
     """Why the ``xpu`` backend cannot run here (dpctl missing, no SYCL device), or None."""
-    backend = _base.get_backend("xpu")
+    backend = get_backend("xpu")
     if backend.is_available():
         return None
     return f"no XPU device (install accelrt[xpu]): {backend.unavailable_reason()}"  # type: ignore[attr-defined]
@@ -123,7 +120,7 @@ def queue_backend(request: pytest.FixtureRequest) -> str:
 def small_sim(monkeypatch: pytest.MonkeyPatch) -> str:
     """A simulated accelerator with 64 MiB devices."""
     monkeypatch.setenv("ACCELRT_SIM_CAPACITY", "64MiB")
-    _base._instances.pop("sim", None)
+    reset_runtime()  # a simulated backend made anew reads the capacity
     acc.backends.use("sim")
     return "sim"
 

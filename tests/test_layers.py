@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("trace", "_offline_plan", "_bounds", "_start_state", "replay"),
     ("_verdict", "view", "_sweep"),
     ("_info", "cli"),
-    ("__init__", "__main__"),
+    ("__init__", "__main__", "testing"),
 ]
 
 
