@@ -292,13 +292,17 @@ def category_bytes(view: View, categories: Categories, state: int) -> dict[str, 
     ValueError
         If ``state`` is out of range.
     """
-    if not 0 <= state <= view.events:
-        raise ValueError(f"state {state} is out of range [0, {view.events}]")
-    live = view.live_at(state)
+    live = _live_at(view, state)
     which = categories.of[live]
     nbytes = np.bincount(which, weights=view.size[live], minlength=len(categories.names))
     counts = np.bincount(which, minlength=len(categories.names))
     return {name: (int(nbytes[n]), int(counts[n])) for n, name in enumerate(categories.names)}
+
+
+def _live_at(view: View, state: int) -> np.ndarray:
+    if not 0 <= state <= view.events:
+        raise ValueError(f"state {state} is out of range [0, {view.events}]")
+    return view.live_at(state)
 
 
 def folded_stacks(view: View, state: int) -> str:
@@ -308,18 +312,15 @@ def folded_stacks(view: View, state: int) -> str:
 
     Frames are the Python frames, outermost first (the kept C++ frames where a stack has no
     Python frame); an allocation without a stack is ``(no stack)``, under its op where it has
-    one. Semicolons and line
-    breaks inside frame text are replaced by ``,`` and a space, since they separate frames
-    and lines.
+    one. Semicolons and line breaks inside frame text are replaced by ``,`` and a space, since
+    they separate frames and lines.
 
     Raises
     ------
     ValueError
         If ``state`` is out of range.
     """
-    if not 0 <= state <= view.events:
-        raise ValueError(f"state {state} is out of range [0, {view.events}]")
-    live = view.live_at(state)
+    live = _live_at(view, state)
     sums: dict[str, int] = {}
     for stack_id, op_id, nbytes in zip(
         view.stack[live].tolist(), view.op[live].tolist(), view.size[live].tolist(), strict=True
