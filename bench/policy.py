@@ -209,6 +209,12 @@ class Policy:
     chunk_in_budget : bool
         Map beyond the request (``chunk``) only as far as reserved stays within
         (1 + ``chunk_slack``) x the peak of requested bytes.
+    views : bool
+        GMLake's stitching: a reclaim does not unmap the donor pages; they are mapped a
+        second time where the request needs them, and each free block is usable only while
+        none of its pages is held by an allocated block of another mapping (two views of the
+        same physical pages, each usable while the other is free). Reserved counts physical
+        pages once; one page size for both classes.
     reclaim_below_peak : bool
         Reclaim even while creating pages would keep reserved at or below its high-water mark
         (else create there: fewer map calls, same peak).
@@ -234,6 +240,7 @@ class Policy:
     adapt_div: int = 0
     chunk_in_budget: bool = False
     chunk_slack: float = 0.01
+    views: bool = False
     max_slack: float = 0.10
 
 
@@ -268,12 +275,15 @@ POLICIES = {
         dataclasses.replace(ACCELRT, name="accelrt/0.5%", slack=0.005),
         dataclasses.replace(ACCELRT, name="accelrt/adapt", adapt_div=16),
         dataclasses.replace(ACCELRT, name="accelrt/tight", chunk_in_budget=True, chunk_slack=0.03),
+        dataclasses.replace(ACCELRT, name="accelrt/views", views=True, growable_walk=False),
     )
 }
-"""The policies ``--policies`` may name. Others measured while designing (results in
-docs/policy-draft.md): a 1000-free minimum age before reclaiming, a reclaim budget of one
-reclaiming map per creating map, largest-, smallest-first and most-recent-first reclaim,
-20 MiB large pages with reclaim, one arena for small and large blocks."""
+"""The policies ``--policies`` may name (``accelrt/views``, GMLake's two views of moved
+pages, is slow: minutes on the CPU traces). Others measured while designing, by changing
+fields (results in docs/policy-draft.md): a 1000-free minimum age before reclaiming, a
+reclaim budget of one reclaiming map per creating map, largest-, smallest- and
+most-recent-first reclaim, 20 MiB large pages with reclaim, one arena for small and large
+blocks."""
 DEFAULT_POLICIES = (
     "model:expandable",
     "pages2m",
@@ -309,6 +319,12 @@ class Device:
         self.retries = 0
         self.adoptions = 0
         self.grows = 0  # mallocs that grew an arena (the slow path, besides adoptions)
+        # views: physical page ids and their mappings
+        self.next_phys = 0
+        self.free_ids: list[int] = []
+        self.maps_of: dict[int, list[tuple[int, int]]] = {}  # phys -> [(arena, page index)]
+        self.claim: dict[tuple[int, int], int] = {}  # (arena, page index) -> allocated blocks
+        self.taken: set[int] = set()  # phys ids donated during the current malloc
 
     def arena(self, stream: int, small: bool) -> Arena:
         p = self.policy
@@ -355,6 +371,64 @@ class Device:
             self.reserved += create
             if self.reserved > self.peak:
                 self.peak = self.reserved
+
+    def page_busy(self, phys: int, but: tuple[int, int] | None = None) -> bool:
+        """Whether an allocated block holds ``phys`` in some mapping (other than ``but``)."""
+        return any(m != but and self.claim.get(m, 0) for m in self.maps_of[phys])
+
+    def obtain_views(self, npages: int, exclude: Arena, lo: int, hi: int) -> list[int]:
+        """Physical page ids for a map of ``npages`` pages (views): above the budget, idle
+        pages of free blocks (oldest stamp first, highest pages first) that no allocated
+        block holds, left mapped where they are; then new pages."""
+        page = exclude.page
+        p = self.policy
+        ids: list[int] = []
+        over = self.reserved + npages * page
+        if over > (1.0 + p.slack) * self.peak_requested:
+            lo_vp, hi_vp = lo // page, -(-hi // page)
+            kept = []
+            while len(ids) < npages and self.lru:
+                entry = heapq.heappop(self.lru)
+                _, t, aid, addr = entry
+                a = self.by_id[aid]
+                if a.state.get(addr) != S_FREE or a.ftime.get(addr) != t:
+                    continue
+                kept.append(entry)
+                if a is exclude and addr < hi and addr + a.size[addr] > lo:
+                    continue
+                size = a.size[addr]
+                first = -(-addr // page)
+                for vp in range((addr + size) // page - 1, first - 1, -1):
+                    phys = a.phys[vp]
+                    if phys in self.taken or self.page_busy(phys):
+                        continue
+                    if any(  # mapped again inside the run about to be handed out
+                        aid2 == exclude.aid and lo_vp <= vp2 < hi_vp
+                        for aid2, vp2 in self.maps_of[phys]
+                    ):
+                        continue
+                    ids.append(phys)
+                    self.taken.add(phys)
+                    if len(ids) == npages:
+                        break
+            for e in kept:
+                heapq.heappush(self.lru, e)
+            if ids:
+                self.reclaim_maps += 1
+        if self.reserved + (npages - len(ids)) * page > self.capacity:
+            self.retries += 1
+            self.empty_cache(exclude, lo, hi)
+        while len(ids) < npages:
+            phys = heapq.heappop(self.free_ids) if self.free_ids else self.next_phys
+            if phys == self.next_phys:
+                self.next_phys += 1
+            self.maps_of[phys] = []
+            ids.append(phys)
+            self.created += page
+            self.reserved += page
+        if self.reserved > self.peak:
+            self.peak = self.reserved
+        return ids
 
     def reclaim(self, page: int, want: int, exclude: Arena, lo: int, hi: int) -> None:
         """Unmap whole free pages of cached blocks into the pool until ``want`` bytes are
@@ -403,20 +477,26 @@ class Device:
             while addr < VA_SPAN:
                 size, state = a.size[addr], a.state[addr]
                 assert size > 0 and a.end[addr + size] == addr
-                if state == S_UNMAPPED:
+                if state == S_UNMAPPED:  # whole pages, so none is also under a block
                     assert addr % a.page == 0 and size % a.page == 0, (addr, size)
                 else:
                     pages.update(range(addr // a.page, -(-(addr + size) // a.page)))
                 addr += size
             assert addr == VA_SPAN
-            for u in a.unmapped:  # no page both under a block and unmapped
-                assert not pages.intersection(range(u // a.page, (u + a.size[u]) // a.page))
             assert len(pages) * a.page == a.mapped, (len(pages) * a.page, a.mapped)
             listed = sorted((size, addr) for blocks in a.free.values() for size, addr in blocks)
             free = sorted((a.size[x], x) for x, st in a.state.items() if st == S_FREE)
             assert listed == free
             mapped += a.mapped
-        assert mapped + sum(self.pool.values()) == self.reserved, (mapped, self.reserved)
+        if self.policy.views:
+            assert len(self.maps_of) * PAGE == self.reserved
+            assert sum(len(a.phys) * a.page for a in self.by_id) == mapped
+            for a in self.by_id:  # no two allocated blocks hold one physical page
+                for vp, phys in a.phys.items():
+                    if self.claim.get((a.aid, vp), 0):
+                        assert not self.page_busy(phys, (a.aid, vp)), (a.aid, vp, phys)
+        else:
+            assert mapped + sum(self.pool.values()) == self.reserved, (mapped, self.reserved)
 
     def empty_cache(
         self,
@@ -459,6 +539,51 @@ class Arena:
         self.ftime: dict[int, int] = {}
         self.free: dict[int, list[tuple[int, int]]] = {}  # owner -> [(size, addr)] sorted
         self.unmapped: list[int] = [0]  # addresses of unmapped blocks
+        self.views = dev.policy.views
+        self.phys: dict[int, int] = {}  # page index -> physical page id (views)
+        self.multi: set[int] = set()  # page indices whose physical page has other mappings
+
+    def available(self, addr: int, size: int) -> bool:
+        """Views: whether no page of the free block at ``addr`` is held by an allocated block
+        of another mapping."""
+        if not self.multi:
+            return True
+        page, dev = self.page, self.dev
+        for vp in range(addr // page, -(-(addr + size) // page)):
+            if vp in self.multi and dev.page_busy(self.phys[vp], (self.aid, vp)):
+                return False
+        return True
+
+    def _claim(self, addr: int, size: int, delta: int) -> None:
+        claim, aid, page = self.dev.claim, self.aid, self.page
+        for vp in range(addr // page, -(-(addr + size) // page)):
+            claim[aid, vp] = claim.get((aid, vp), 0) + delta
+
+    def _map_pages(self, vp0: int, ids: list[int]) -> None:
+        dev = self.dev
+        for k, phys in enumerate(ids):
+            vp = vp0 + k
+            self.phys[vp] = phys
+            where = dev.maps_of[phys]
+            where.append((self.aid, vp))
+            if len(where) > 1:
+                for aid, v in where:
+                    dev.by_id[aid].multi.add(v)
+
+    def _unmap_pages(self, vp0: int, vp1: int) -> None:
+        dev = self.dev
+        for vp in range(vp0, vp1):
+            phys = self.phys.pop(vp)
+            self.multi.discard(vp)
+            where = dev.maps_of[phys]
+            where.remove((self.aid, vp))
+            if not where:
+                del dev.maps_of[phys]
+                heapq.heappush(dev.free_ids, phys)
+                dev.reserved -= self.page
+            elif len(where) == 1:
+                aid, v = where[0]
+                dev.by_id[aid].multi.discard(v)
 
     def free_blocks(self) -> list[tuple[int, int]]:
         """Every free mapped block as (size, address), in that order."""
@@ -502,21 +627,44 @@ class Arena:
         return (
             addr is not None
             and self.state.get(addr) == state
-            and (state == S_UNMAPPED or self.owner[addr] == owner)
+            and (
+                state == S_UNMAPPED
+                or (
+                    self.owner[addr] == owner
+                    and (not self.multi or self.available(addr, self.size[addr]))
+                )
+            )
         )
 
     def _put_merged(self, addr: int, size: int, state: int, owner: int = 0) -> None:
         """Insert a free or unmapped block, merged with neighbours of the same state (and,
         free, the same owner)."""
         prev = self.end.get(addr)
-        if self._mergeable(prev, state, owner):
+        if self._mergeable(prev, state, owner) and not self._twice(prev, addr + size, state):
             assert prev is not None
             psize = self._remove(prev)[0]
             addr, size = prev, size + psize
         nxt = addr + size
-        if self._mergeable(nxt, state, owner):
+        if self._mergeable(nxt, state, owner) and not self._twice(
+            addr, nxt + self.size[nxt], state
+        ):
             size += self._remove(nxt)[0]
         self._add(addr, size, state, owner)
+
+    def _twice(self, lo: int, hi: int, state: int) -> bool:
+        """Views: whether [lo, hi) would hold one physical page at two places (a free block
+        that could never be handed out)."""
+        if state != S_FREE or not self.multi:
+            return False
+        seen = set()
+        page = self.page
+        for vp in range(lo // page, -(-hi // page)):
+            if vp in self.multi:
+                phys = self.phys[vp]
+                if phys in seen:
+                    return True
+                seen.add(phys)
+        return False
 
     # malloc / free
     def malloc(self, s: int, stream: int = 0) -> int:
@@ -530,6 +678,9 @@ class Arena:
             self._put_merged(addr + s, size - s, S_FREE, stream)
             size = s
         self._add(addr, size, S_ALLOC, stream)
+        if self.views:
+            self._claim(addr, size, 1)
+            self.dev.taken.clear()
         return addr
 
     def _find(self, s: int, stream: int) -> int | None:
@@ -537,6 +688,9 @@ class Arena:
         if not free:
             return None
         i = bisect.bisect_left(free, (s, -1))
+        if self.multi:  # views: skip blocks whose pages another mapping holds
+            while i < len(free) and not self.available(free[i][1], free[i][0]):
+                i += 1
         if i == len(free):
             return None
         if self.walk:
@@ -558,6 +712,8 @@ class Arena:
         for owner, free in self.free.items():
             if owner != stream and free:
                 i = bisect.bisect_left(free, (s, -1))
+                while self.multi and i < len(free) and not self.available(*free[i][::-1]):
+                    i += 1
                 if i < len(free) and (best is None or free[i] < best):
                     best = free[i]
         if best is None:
@@ -579,10 +735,14 @@ class Arena:
         for u in self.unmapped:
             prev = self.end.get(u)
             st = prev if prev is not None and self._mergeable(prev, S_FREE, stream) else u
+            if st != u and self.multi and not self.available(st, self.size[st]):
+                st = u
             run, a = 0, st
             while run < s:
                 here = state.get(a)
                 if here is None or here == S_ALLOC or (here == S_FREE and owner[a] != stream):
+                    break
+                if here == S_FREE and self.multi and not self.available(a, self.size[a]):
                     break
                 run += self.size[a]
                 a += self.size[a]
@@ -610,7 +770,10 @@ class Arena:
                 room -= dev.pool.get(page, 0)
                 chunk = min(chunk, max(exact, room // page * page))
             need = min(self.size[u], max(exact, chunk))
-            self.dev.obtain(page, need, self, start, max(run_end, u + need))
+            if self.views:
+                ids = self.dev.obtain_views(need // page, self, start, max(run_end, u + need))
+            else:
+                self.dev.obtain(page, need, self, start, max(run_end, u + need))
             # reclaiming may have merged unmapped pages of a neighbour into u's block
             ub = self.unmapped[bisect.bisect_right(self.unmapped, u) - 1]
             uend = ub + self.size[ub]
@@ -621,10 +784,14 @@ class Arena:
                 self._add(ub, u - ub, S_UNMAPPED)
             if uend > u + need:
                 self._add(u + need, uend - u - need, S_UNMAPPED)
+            if self.views:
+                self._map_pages(u // page, ids)
             self._put_merged(u, need, S_FREE, stream)
 
     def free_block(self, addr: int) -> None:
         size, _, owner = self._remove(addr)
+        if self.views:
+            self._claim(addr, size, -1)
         self._put_merged(addr, size, S_FREE, owner)
 
     def unmap_block(self, addr: int, want: int = 0) -> int:
@@ -646,7 +813,10 @@ class Arena:
             self._add(hi, addr + size - hi, S_FREE, owner, when)
         self._put_merged(lo, hi - lo, S_UNMAPPED)
         dev = self.dev
-        dev.pool[page] = dev.pool.get(page, 0) + (hi - lo)
+        if self.views:
+            self._unmap_pages(lo // page, hi // page)
+        else:
+            dev.pool[page] = dev.pool.get(page, 0) + (hi - lo)
         dev.unmaps += 1
         self.mapped -= hi - lo
         return hi - lo
