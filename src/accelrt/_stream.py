@@ -371,6 +371,20 @@ class Event:
         """Whether the event can time work."""
         return self._enable_timing
 
+    @property
+    def event_id(self) -> int:
+        """The event's native object as an int: the ``CUevent`` on ``cuda``; on backends whose
+        native event changes with each record (OpenCL and SYCL markers) or that have none
+        (``sim``), an id unique among live events. 0 before the first record, which creates
+        the native event.
+
+        Mirrors ``torch.Event.event_id``.
+        """
+        if self._backend is None:
+            return 0
+        native = getattr(self._backend, "native_event", None)
+        return id(self._handle) if native is None else int(native(self._handle))
+
     def record(self, stream: Stream | None = None) -> None:
         """Record the event at the current end of ``stream`` (the current stream if None).
 

@@ -675,6 +675,7 @@ def test_events_time_work(fake_cuda: FakeDriver) -> None:
     assert start.elapsed_time(end) == pytest.approx(1.5)
     assert fake_cuda.names()[-1] == "cuEventElapsedTime"
     handles = {int(e._handle.handle): e._handle for e in (start, end)}
+    assert start.event_id == int(start._handle.handle)  # the CUevent
     assert all(fake_cuda.events[h] == CUevent_flags.CU_EVENT_DEFAULT for h in handles)
     plain = acc.Event()
     plain.record(stream)

@@ -26,6 +26,17 @@ def test_record_sets_the_device(device: str) -> None:
     assert e.query()
 
 
+def test_event_id_is_zero_until_recorded_then_stable_and_distinct(device: str) -> None:
+    a, b = acc.Event(), acc.Event()
+    assert a.event_id == 0  # no native event before the first record (torch.Event's too)
+    a.record()
+    b.record()
+    first = a.event_id
+    assert first != 0 and first != b.event_id
+    a.record()
+    assert a.event_id == first  # recording again keeps the event
+
+
 def test_elapsed_time_errors(device: str) -> None:
     timed, untimed = acc.Event(enable_timing=True), acc.Event()
     with pytest.raises(

@@ -102,6 +102,10 @@ class _StreamsEvents(_Devices):
         state = self._dev(index)
         self._call("cuStreamWaitEvent", index, self._stream(state, stream), event.handle, 0)
 
+    def native_event(self, event: CUDAEvent) -> int:
+        """The event's ``CUevent`` as an int (``Event.event_id``)."""
+        return int(event.handle)
+
     def event_create(self, index: int, timing: bool) -> CUDAEvent:
         """``cuEventCreate``, with ``CU_EVENT_DISABLE_TIMING`` unless ``timing``."""
         flags = self.driver.CUevent_flags
