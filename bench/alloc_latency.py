@@ -61,7 +61,7 @@ def main() -> None:
     import pyopencl.tools as cl_tools
 
     import accelrt as acc
-    from accelrt.memory import _core
+    from accelrt.memory.device import _core
 
     acc.backends.use("opencl")
     allocator = acc.memory.get_allocator(0)

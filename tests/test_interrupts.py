@@ -20,7 +20,13 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 _ALLOCATOR_FILES = {
     os.path.join(os.path.dirname(acc.memory.__file__), name)
-    for name in ("_allocator.py", "_block.py", "_stats.py", "_segments.py", "_policy.py")
+    for name in (
+        "device/_allocator.py",
+        "device/_block.py",
+        "device/_stats.py",
+        "device/_segments.py",
+        "_policy.py",
+    )
 }
 
 

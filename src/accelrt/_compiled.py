@@ -1,6 +1,7 @@
 """Whether accelrt's compiled modules run: one switch for all of them.
 
-``pip install`` builds the compiled modules (the allocator's hit path, memory/_native.pyx; the
+``pip install`` builds the compiled modules (the allocator's hit path,
+memory/device/_native.pyx; the
 streams' per-call methods, _native_streams.pyx) where it can. Each has a Python twin that runs
 where it was not built, or everywhere when ``ACCELRT_PURE_PYTHON`` is set to a true value
 (docs/design.md, "Two cores").
@@ -18,7 +19,7 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def load(name: str) -> tuple[ModuleType | None, str]:
-    """Import the compiled module ``name`` (absolute, e.g. ``"accelrt.memory._native"``).
+    """Import the compiled module ``name`` (absolute, e.g. ``"accelrt.memory.device._native"``).
 
     Returns
     -------

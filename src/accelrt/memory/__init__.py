@@ -39,32 +39,34 @@ from ._api import reset_accumulated_memory_stats as reset_accumulated_memory_sta
 from ._api import reset_peak_memory_stats as reset_peak_memory_stats
 from ._api import set_allocator_settings as set_allocator_settings
 from ._api import set_per_process_memory_fraction as set_per_process_memory_fraction
-from ._buffer import Buffer as Buffer
 from ._config import AllocatorConfig as AllocatorConfig
 from ._config import Setting as Setting
-from ._core import Block as Block
-from ._core import CachingAllocator as CachingAllocator
-from ._history import BlockInfo as BlockInfo
-from ._history import Frame as Frame
-from ._history import SegmentInfo as SegmentInfo
-from ._history import Snapshot as Snapshot
-from ._history import TraceEntry as TraceEntry
-from ._host import HostCachingAllocator as HostCachingAllocator
-from ._host import empty_host as empty_host
-from ._host import empty_host_cache as empty_host_cache
-from ._host import get_host_allocator as get_host_allocator
-from ._host import host_memory_stats as host_memory_stats
-from ._host import reset_accumulated_host_memory_stats as reset_accumulated_host_memory_stats
-from ._host import reset_peak_host_memory_stats as reset_peak_host_memory_stats
-from ._host_buffer import HostBuffer as HostBuffer
 from ._policy import round_size as round_size
 from ._policy import segment_size as segment_size
-from ._pool import MemPool as MemPool
-from ._pool import use_mem_pool as use_mem_pool
 from ._snapshots import dump_snapshot as dump_snapshot
 from ._snapshots import memory_snapshot as memory_snapshot
 from ._snapshots import memory_summary as memory_summary
 from ._snapshots import record_memory_history as record_memory_history
+from .buffers._buffer import Buffer as Buffer
+from .device._core import Block as Block
+from .device._core import CachingAllocator as CachingAllocator
+from .device._pool import MemPool as MemPool
+from .device._pool import use_mem_pool as use_mem_pool
+from .history._history import BlockInfo as BlockInfo
+from .history._history import Frame as Frame
+from .history._history import SegmentInfo as SegmentInfo
+from .history._history import Snapshot as Snapshot
+from .history._history import TraceEntry as TraceEntry
+from .host._allocator import HostCachingAllocator as HostCachingAllocator
+from .host._allocator import empty_host as empty_host
+from .host._allocator import empty_host_cache as empty_host_cache
+from .host._allocator import get_host_allocator as get_host_allocator
+from .host._allocator import host_memory_stats as host_memory_stats
+from .host._allocator import (
+    reset_accumulated_host_memory_stats as reset_accumulated_host_memory_stats,
+)
+from .host._allocator import reset_peak_host_memory_stats as reset_peak_host_memory_stats
+from .host._buffer import HostBuffer as HostBuffer
 
 __all__ = [
     "AllocatorConfig",

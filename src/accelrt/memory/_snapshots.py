@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from .. import _runtime
 from .._device import DeviceLike
-from . import _registry
-from ._block import PoolId
-from ._history import ACTIONS, SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
-from ._summary import format_summary
+from .device import _registry
+from .device._block import PoolId
+from .history._history import ACTIONS, SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
+from .history._summary import format_summary
 
 __all__ = ["dump_snapshot", "memory_snapshot", "memory_summary", "record_memory_history"]
 

@@ -6,7 +6,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from .._units import format_bytes
-from ..memory._summary import fit_frame, format_live_groups
+from ..memory.history._summary import fit_frame, format_live_groups
 from ._model import View, live_groups
 
 if TYPE_CHECKING:

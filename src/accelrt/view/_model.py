@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from .._gc import collector_paused
 from .._units import format_bytes
-from ..memory._history import SegmentInfo
+from ..memory.history._history import SegmentInfo
 from ..trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, _signed
 from ..trace._format import Trace, _lines_of, _text_chunks
 from ..trace._snapshot import devices_with_history, trace_from_snapshot

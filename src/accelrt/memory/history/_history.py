@@ -21,8 +21,8 @@ from types import CodeType
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
-    from ._block import Block
-    from ._segments import AnySegment
+    from ..device._block import Block
+    from ..device._segments import AnySegment
 
 __all__ = [
     "SNAPSHOT_SCHEMA_VERSION",

@@ -18,7 +18,7 @@ behind ``torch.cuda``'s and ``torch.xpu``'s pinned memory), with its default set
 
 One allocator per backend and process, as PyTorch has one per device type; a block belongs to the
 device whose backend context allocated it, and is reused for requests on that device only.
-Raw memory comes through a :class:`~accelrt.memory._segments.HostMemorySource`, the host
+Raw memory comes through a :class:`~accelrt.memory.device._segments.HostMemorySource`, the host
 counterpart of the device allocator's memory source. Thread-safe: one lock; operations are all
 or nothing, even under ``KeyboardInterrupt`` (``_atomic.py``). docs/host-allocator.md describes
 the behaviour exactly.
@@ -33,16 +33,16 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from .. import _runtime
-from .._device import Device, DeviceLike
-from .._errors import OutOfMemoryError
-from .._units import format_bytes
-from ..backends._base import Backend
-from ._allocator import _as_size, _request_size
-from ._atomic import PENDING, atomic, deliver, protect_sigint, register
-from ._host_buffer import HostBuffer
-from ._segments import HostMemorySource
-from ._stats import Stat
+from ... import _runtime
+from ..._device import Device, DeviceLike
+from ..._errors import OutOfMemoryError
+from ..._units import format_bytes
+from ...backends._base import Backend
+from .._atomic import PENDING, atomic, deliver, protect_sigint, register
+from ..device._allocator import _as_size, _request_size
+from ..device._segments import HostMemorySource
+from ..device._stats import Stat
+from ._buffer import HostBuffer
 
 __all__ = [
     "DurationStat",

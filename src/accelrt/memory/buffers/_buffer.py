@@ -7,16 +7,16 @@ import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._device import Device
-from ._atomic import PENDING, deliver, register
-from ._core import native
+from ..._device import Device
+from .._atomic import PENDING, deliver, register
+from ..device._core import native
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .._stream import Stream
-    from ._allocator import CachingAllocator
-    from ._block import Block
+    from ..._stream import Stream
+    from ..device._allocator import CachingAllocator
+    from ..device._block import Block
 
 __all__ = ["ArrayOwner", "Buffer", "ExportPin", "FreedWhenCollected", "MemoryHandle"]
 
@@ -200,7 +200,7 @@ class ExportPin(FreedWhenCollected):
 
 class _BufferFields(FreedWhenCollected):
     """The fields, ``free`` and finaliser of :class:`Buffer` in Python, where the compiled
-    core does not run (elsewhere ``Buffer`` is memory/_native.pyx's compiled type, this
+    core does not run (elsewhere ``Buffer`` is memory/device/_native.pyx's compiled type, this
     class's twin, given the Python-level part, ``_BufferAPI``)."""
 
     __slots__ = ("__weakref__", "_allocator", "_block", "_pin", "_stream", "nbytes", "ptr")
@@ -243,7 +243,8 @@ register(_BufferFields.free)
 
 
 # Buffer's Python-level part, written once for both cores: the Python Buffer below derives
-# from it; the compiled one adopts it (memory/_native.pyx ``adopt``). Its docstring is Buffer's.
+# from it; the compiled one adopts it (memory/device/_native.pyx ``adopt``). Its docstring
+# is Buffer's.
 class _BufferAPI(MemoryHandle):
     """A block of device memory handed out by ``accelrt.empty``.
 
@@ -552,6 +553,6 @@ if TYPE_CHECKING or native is None:
         __doc__ = _BufferAPI.__doc__
         __slots__ = ()
 
-else:  # the compiled type, given the Python-level part above (memory/_native.pyx)
+else:  # the compiled type, given the Python-level part above (memory/device/_native.pyx)
     Buffer = native.Buffer
     native.adopt(Buffer, _BufferAPI)

@@ -134,7 +134,7 @@ class DeviceStats:
         array_type: type[StatArray] | None = None,
     ) -> None:
         """``max_split_size`` in bytes (-1: unset); the compiled core passes its own
-        ``Stat``/``StatArray`` types (memory/_native.pyx), which have the same attributes."""
+        ``Stat``/``StatArray`` types (memory/device/_native.pyx), which have the same attributes."""
         stat_type = stat_type or Stat
         array_type = array_type or StatArray
         self.allocation = array_type()

@@ -7,7 +7,8 @@ inside their segment; frees of blocks used by other streams wait for events reco
 streams; when nothing fits, the malloc ladder grows a segment, releases cached memory and
 retries before raising ``OutOfMemoryError``.
 
-The allocator gets its memory through a :class:`~accelrt.memory._segments.MemorySource`: it asks
+The allocator gets its memory through a
+:class:`~accelrt.memory.device._segments.MemorySource`: it asks
 for ordinary segments, or for expandable segments that it grows by mapping pages, and asks them
 back; it never calls the backend's ``malloc``/``free`` itself. Private pools (``MemPool``) are
 pairs of free lists of their own. History is an observer behind one hook (``_observer``).
@@ -24,22 +25,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import OutOfMemoryError
-from .._units import format_bytes
-from ..backends._base import Backend
-from ._atomic import PENDING, atomic, deliver, protect_sigint, register
-from ._block import DEFAULT_POOL_ID, Block, BlockPool, PoolId
-from ._config import AllocatorConfig
-from ._history import (
-    BlockInfo,
-    ContextMode,
-    EnabledMode,
-    History,
-    SegmentInfo,
-    TraceEntry,
-    frames_to_dicts,
-)
-from ._policy import (
+from ..._errors import OutOfMemoryError
+from ..._units import format_bytes
+from ...backends._base import Backend
+from .._atomic import PENDING, atomic, deliver, protect_sigint, register
+from .._config import AllocatorConfig
+from .._policy import (
     K_MIN_BLOCK_SIZE,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
@@ -50,6 +41,16 @@ from ._policy import (
     segment_size,
     should_split,
 )
+from ..history._history import (
+    BlockInfo,
+    ContextMode,
+    EnabledMode,
+    History,
+    SegmentInfo,
+    TraceEntry,
+    frames_to_dicts,
+)
+from ._block import DEFAULT_POOL_ID, Block, BlockPool, PoolId
 from ._segments import AnySegment, ExpandableSegment, MemorySource, Segment
 from ._stats import DeviceStats, Stat, StatArray
 
@@ -88,7 +89,7 @@ class CachingAllocator:
     """
 
     #: The types of blocks, free lists, statistics and the map of allocated blocks by address.
-    #: The compiled core (memory/_core.py) supplies compiled ones with the same attributes,
+    #: The compiled core (memory/device/_core.py) supplies compiled ones with the same attributes,
     #: which the code here uses through these names.
     _Block: type[Block] = Block
     _BlockPool: type[BlockPool] = BlockPool

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._history import RawFrames
+    from ..history._history import RawFrames
     from ._segments import AnySegment
 
 __all__ = ["DEFAULT_POOL_ID", "KEY_SHIFT", "Block", "BlockPool", "PoolId"]

@@ -6,15 +6,15 @@ import ctypes
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._device import Device
-from .._stream import Stream
-from ._atomic import PENDING, deliver, register
-from ._buffer import ExportPin, FreedWhenCollected, MemoryHandle
+from ..._device import Device
+from ..._stream import Stream
+from .._atomic import PENDING, deliver, register
+from ..buffers._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ._host import HostBlock, HostCachingAllocator
+    from ._allocator import HostBlock, HostCachingAllocator
 
 __all__ = ["HostBuffer"]
 

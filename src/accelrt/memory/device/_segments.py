@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._errors import AcceleratorError
-from ..backends._base import Backend, BackendOutOfMemory
-from ._policy import expandable_address_space
+from ..._errors import AcceleratorError
+from ...backends._base import Backend, BackendOutOfMemory
+from .._policy import expandable_address_space
 
 if TYPE_CHECKING:
+    from ..history._history import RawFrames
     from ._block import BlockPool
-    from ._history import RawFrames
 
 __all__ = ["AnySegment", "ExpandableSegment", "HostMemorySource", "MemorySource", "Segment"]
 
