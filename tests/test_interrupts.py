@@ -24,7 +24,7 @@ _ALLOCATOR_FILES = {
         "device/_allocator.py",
         "device/_block.py",
         "device/_stats.py",
-        "device/_segments.py",
+        "device/_source.py",
         "_policy.py",
     )
 }

@@ -41,7 +41,7 @@ from accelrt.backends import _base
 from accelrt.backends.sim import SimBackend
 from accelrt.memory import AllocatorConfig, Block, CachingAllocator, MemPool, use_mem_pool
 from accelrt.memory.device import _registry
-from accelrt.memory.device._segments import ExpandableSegment
+from accelrt.memory.device._block import ExpandableSegment
 
 KiB, MiB = 1 << 10, 1 << 20
 CAPACITY = 256 * MiB

@@ -58,14 +58,12 @@ from .history._history import SegmentInfo as SegmentInfo
 from .history._history import Snapshot as Snapshot
 from .history._history import TraceEntry as TraceEntry
 from .host._allocator import HostCachingAllocator as HostCachingAllocator
-from .host._allocator import empty_host as empty_host
-from .host._allocator import empty_host_cache as empty_host_cache
-from .host._allocator import get_host_allocator as get_host_allocator
-from .host._allocator import host_memory_stats as host_memory_stats
-from .host._allocator import (
-    reset_accumulated_host_memory_stats as reset_accumulated_host_memory_stats,
-)
-from .host._allocator import reset_peak_host_memory_stats as reset_peak_host_memory_stats
+from .host._api import empty_host as empty_host
+from .host._api import empty_host_cache as empty_host_cache
+from .host._api import get_host_allocator as get_host_allocator
+from .host._api import host_memory_stats as host_memory_stats
+from .host._api import reset_accumulated_host_memory_stats as reset_accumulated_host_memory_stats
+from .host._api import reset_peak_host_memory_stats as reset_peak_host_memory_stats
 from .host._buffer import HostBuffer as HostBuffer
 
 __all__ = [

@@ -8,7 +8,7 @@ streams; when nothing fits, the malloc ladder grows a segment, releases cached m
 retries before raising ``OutOfMemoryError``.
 
 The allocator gets its memory through a
-:class:`~accelrt.memory.device._segments.MemorySource`: it asks
+:class:`~accelrt.memory.device._source.MemorySource`: it asks
 for ordinary segments, or for expandable segments that it grows by mapping pages, and asks them
 back; it never calls the backend's ``malloc``/``free`` itself. Private pools (``MemPool``) are
 pairs of free lists of their own. History is an observer behind one hook (``_observer``).
@@ -16,13 +16,11 @@ pairs of free lists of their own. History is an observer behind one hook (``_obs
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 import threading
 import warnings
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import OutOfMemoryError
@@ -50,9 +48,18 @@ from ..history._history import (
     TraceEntry,
     frames_to_dicts,
 )
-from ._block import DEFAULT_POOL_ID, Block, BlockPool, PoolId
-from ._segments import AnySegment, ExpandableSegment, MemorySource, Segment
-from ._stats import DeviceStats, Stat, StatArray
+from ._block import (
+    DEFAULT_POOL_ID,
+    AnySegment,
+    Block,
+    BlockPool,
+    ExpandableSegment,
+    PoolId,
+    Segment,
+)
+from ._events import StreamEvents
+from ._source import MemorySource
+from ._stats import DeviceStats, Stat, StatArray, StatsMethods
 
 __all__ = ["CachingAllocator"]
 
@@ -68,7 +75,7 @@ class _PrivatePool:
         self.owner_alive = True
 
 
-class CachingAllocator:
+class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
     """The caching allocator of one device.
 
     Parameters
@@ -85,8 +92,12 @@ class CachingAllocator:
     -----
     Thread-safe: every public method runs under one lock. Stream arguments are the backend's
     integer stream handles. Blocks are handed out as :class:`Block` objects; callers keep them
-    and give them back to :meth:`free`. Mirrors c10's ``DeviceCachingAllocator``.
+    and give them back to :meth:`free`. Mirrors c10's ``DeviceCachingAllocator``. Frees
+    that wait for other streams are ``StreamEvents``' (device/_events.py), shared with the
+    host allocator.
     """
+
+    _USED_BLOCK = "the block at {:#x} (record_stream)"
 
     #: The types of blocks, free lists, statistics and the map of allocated blocks by address.
     #: The compiled core (memory/device/_core.py) supplies compiled ones with the same attributes,
@@ -111,9 +122,9 @@ class CachingAllocator:
         self._routes: dict[int, list[PoolId]] = {}  # thread id -> stack of active pool ids
         self._active: dict[int, Block] = self._ActiveBlocks()
         self._segments: dict[int, AnySegment] = {}
-        self._events: dict[int, deque[tuple[Any, Block]]] = {}
-        self._idle_events: list[Any] = []
-        self._finalized: list[Callable[[], None]] = []  # finalisers' work, run after an op
+        self._events = {}
+        self._idle_events = {}
+        self._finalized = []
         self._reserved = 0
         self._allowed_max: int | None = None
         self._fraction_from_config: float | None = None
@@ -686,23 +697,9 @@ class CachingAllocator:
         if not self._deferred_inside_operation(self._free_if_allocated, block):
             self.free(block)
 
-    def _deferred_inside_operation(self, work: Callable[..., None], *args: Any) -> bool:
-        """For finalisers: if this thread is inside one of this allocator's operations, queue
-        ``work(*args)`` for when it ends and return True; else return False (do it now)."""
-        if not self._lock._is_owned():
-            return False
-        self._finalized.append(functools.partial(work, *args))
-        return True
-
     def _free_if_allocated(self, block: Block) -> None:
         if self._active.get(block.address) is block and block.allocated:
             self.free(block)
-
-    def _free_finalized(self) -> None:
-        """Run what finalisers asked for inside an operation (frees, pools let go)."""
-        work, self._finalized = self._finalized, []
-        for item in work:
-            item()
 
     @atomic
     def record_stream(self, block: Block, stream: int) -> None:
@@ -726,72 +723,17 @@ class CachingAllocator:
                 block.stream_uses = set()
             block.stream_uses.add(stream)
 
-    def _insert_events(self, block: Block) -> None:
-        """Record an event on every other stream that used the block; free it when none is
-        needed. A stream that cannot take an event (destroyed, or a driver error) is waited
-        for instead, if it still exists: the block is never stranded half-freed."""
+    def _take_stream_uses(self, block: Block) -> list[tuple[int, int]]:
         streams = sorted(block.stream_uses or ())
         block.stream_uses = None
-        for stream in streams:
-            try:
-                event = self._event_on(stream)
-            except Exception as exc:
-                self._wait_instead(block, stream, exc)
-                continue
-            block.event_count += 1
-            queue = self._events.get(stream)
-            if queue is None:
-                queue = self._events[stream] = deque()
-            queue.append((event, block))
-        if block.event_count == 0:
-            self._free_block(block)
-
-    def _event_on(self, stream: int) -> Any:
-        event = self._idle_events.pop() if self._idle_events else None
-        if event is None:
-            event = self.backend.event_create(self.device_index, False)
-        try:
-            self.backend.event_record(event, self.device_index, stream)
-        except BaseException:
-            self._idle_events.append(event)
-            raise
-        return event
-
-    def _wait_instead(self, block: Block, stream: int, exc: Exception) -> None:
-        try:
-            self.backend.stream_synchronize(self.device_index, stream)
-            how = "waited for the stream instead"
-        except Exception:
-            how = "the stream is gone: a destroyed stream has finished its work"
-        warnings.warn(
-            f"{self.device_name}: no event could be recorded on stream {stream:#x}, which used "
-            f"the block at {block.address:#x} (record_stream): {exc}; {how}, so the free "
-            "does not wait for it",
-            RuntimeWarning,
-            stacklevel=5,
-        )
-
-    def _process_events(self) -> None:
-        for stream in list(self._events):
-            queue = self._events[stream]
-            while queue:
-                event, block = queue[0]
-                if not self.backend.event_query(event):
-                    break
-                queue.popleft()
-                self._idle_events.append(event)
-                block.event_count -= 1
-                if block.event_count == 0:
-                    self._free_block(block)
-            if not queue:
-                del self._events[stream]
+        return [(self.device_index, stream) for stream in streams]
 
     def _synchronize_and_free_events(self) -> None:
         self.stats.num_sync_all_streams += 1
         for queue in self._events.values():
-            for event, block in queue:
+            for event, block, device_index in queue:
                 self.backend.event_synchronize(event)
-                self._idle_events.append(event)
+                self._idle_events.setdefault(device_index, []).append(event)
                 block.event_count -= 1
                 if block.event_count == 0:
                     self._free_block(block)
@@ -891,9 +833,7 @@ class CachingAllocator:
                     self._release_unused_ranges(pool)
             finally:  # a driver error half-way may have emptied a dropped pool already
                 self._forget_dropped_pools()
-            for event in self._idle_events:
-                self.backend.event_destroy(event)
-            self._idle_events.clear()
+            self._destroy_idle_events()
 
     def _all_pools(self) -> list[BlockPool]:
         pools = [self._large, self._small]
@@ -1217,23 +1157,6 @@ class CachingAllocator:
         }
 
     # ------------------------------------------------------------------ statistics
-    def memory_stats(self) -> dict[str, int]:
-        """Return every statistic as ``memory_stats()`` flat keys (docs/allocator.md section 8)."""
-        with self._lock:
-            return self.stats.as_dict()
-
-    @atomic
-    def reset_peak_memory_stats(self) -> None:
-        """Set every peak to its current value."""
-        with self._lock:
-            self.stats.reset_peak()
-
-    @atomic
-    def reset_accumulated_memory_stats(self) -> None:
-        """Zero the allocated/freed sums and the num_* counters."""
-        with self._lock:
-            self.stats.reset_accumulated()
-
     @property
     def reserved_bytes(self) -> int:
         """Bytes currently held from the device (ordinary segments and mapped pages)."""

@@ -36,8 +36,7 @@ from fastrlock.rlock cimport create_fastrlock, lock_fastrlock, unlock_fastrlock
 from ._allocator import _not_allocated, _request_size
 from ..._errors import OutOfMemoryError
 from .._atomic import PENDING, deliver
-from ._block import DEFAULT_POOL_ID
-from ._segments import ExpandableSegment
+from ._block import DEFAULT_POOL_ID, ExpandableSegment
 
 __all__ = ["ActiveBlocks", "Block", "BlockPool", "Buffer", "HotPath", "Stat", "StatArray"]
 
