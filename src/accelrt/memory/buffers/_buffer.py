@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..._device import Device
 from .._atomic import PENDING, deliver, register
@@ -21,6 +21,20 @@ if TYPE_CHECKING:
 __all__ = ["ArrayOwner", "Buffer", "ExportPin", "FreedWhenCollected", "MemoryHandle"]
 
 _H = TypeVar("_H", bound="MemoryHandle")
+_B = TypeVar("_B", covariant=True)
+_A = TypeVar("_A", covariant=True)
+
+
+class _Owning(Protocol[_B, _A]):
+    """A memory handle's fields that ``block`` and ``allocator`` read (Buffer, HostBuffer)."""
+
+    @property
+    def _block(self) -> _B | None: ...
+    @property
+    def _allocator(self) -> _A | None: ...
+    def _no_block_error(self) -> ValueError: ...
+
+
 _new_pin_lock = threading.Lock()  # two threads' first exports of one handle share one pin
 
 
@@ -46,6 +60,34 @@ class MemoryHandle:
 
         def free(self) -> None: ...
         def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+
+    @property
+    def block(self: _Owning[_B, _A]) -> _B:
+        """The allocator's block behind the memory.
+
+        Raises
+        ------
+        ValueError
+            If the memory was freed, or the handle is empty.
+        """
+        block = self._block
+        if block is None:
+            raise self._no_block_error()
+        return block
+
+    @property
+    def allocator(self: _Owning[_B, _A]) -> _A:
+        """The caching allocator that owns the memory.
+
+        Raises
+        ------
+        ValueError
+            If the handle is empty (0 bytes: it has no allocator).
+        """
+        allocator = self._allocator
+        if allocator is None:
+            raise ValueError(f"{self!r} is empty and has no allocator")
+        return allocator
 
     @property
     def freed(self) -> bool:
@@ -297,31 +339,8 @@ class _BufferAPI(MemoryHandle):
         """The stream the memory was allocated on."""
         return self._stream
 
-    @property
-    def block(self) -> Block:
-        """The allocator's block behind the buffer.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed or is empty.
-        """
-        if self._block is None:
-            raise ValueError(f"{self!r} holds no memory (freed or empty)")
-        return self._block
-
-    @property
-    def allocator(self) -> CachingAllocator:
-        """The caching allocator that owns the memory.
-
-        Raises
-        ------
-        ValueError
-            If the buffer is empty (0 bytes: it has no allocator).
-        """
-        if self._allocator is None:
-            raise ValueError(f"{self!r} is empty and has no allocator")
-        return self._allocator
+    def _no_block_error(self) -> ValueError:
+        return ValueError(f"{self!r} holds no memory (freed or empty)")
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

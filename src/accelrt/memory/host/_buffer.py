@@ -105,33 +105,10 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
         """True if the memory is the driver's pinned host memory, False if ordinary memory."""
         return self._pinned
 
-    @property
-    def block(self) -> HostBlock:
-        """The host allocator's block behind the buffer.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed or is empty.
-        """
-        if self._block is None:
-            if self.nbytes:
-                raise self._freed_error()
-            raise ValueError(f"{self!r} is empty and has no block")
-        return self._block
-
-    @property
-    def allocator(self) -> HostCachingAllocator:
-        """The host caching allocator that owns the memory.
-
-        Raises
-        ------
-        ValueError
-            If the buffer is empty (0 bytes: it has no allocator).
-        """
-        if self._allocator is None:
-            raise ValueError(f"{self!r} is empty and has no allocator")
-        return self._allocator
+    def _no_block_error(self) -> ValueError:
+        if self.nbytes:
+            return self._freed_error()
+        return ValueError(f"{self!r} is empty and has no block")
 
     def _freed_error(self) -> ValueError:
         return ValueError(
