@@ -1,4 +1,8 @@
-"""``Buffer``: device memory from the caching allocator (pointer, size, device, stream)."""
+"""``Buffer``: device memory from the caching allocator (pointer, size, device, stream).
+
+Compiled twin: device/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields, ``free``,
+the finaliser) and adopts ``_BufferAPI`` at import; change both (docs/design.md, "Pairs").
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,11 @@
 """``CachingAllocator``: one per device, generic over a backend's raw primitives.
 
+Compiled twin: device/_native.pyx (a file with a compiled sibling: change both). Its
+``HotPath`` repeats, line for line, ``malloc``, ``_get_free_block``, ``_alloc_found_block``
+(with ``_mark_allocated``), ``free``, ``_free_block`` and ``_try_merge`` here, and
+``_request_size`` below; ``HotPath.run_events`` repeats replay.py's ``_run_chunk``. On the
+compiled core those run, not these (docs/design.md, "Pairs").
+
 The default policy reproduces PyTorch's CUDACachingAllocator (docs/allocator.md sections 1-8):
 requests are rounded and split between a small and a large pool; a request takes the smallest
 free block of its own stream that fits (lowest address first); blocks are split and merged
@@ -7,11 +13,11 @@ inside their segment; frees of blocks used by other streams wait for events reco
 streams; when nothing fits, the malloc ladder grows a segment, releases cached memory and
 retries before raising ``OutOfMemoryError``.
 
-The allocator gets its memory through a
-:class:`~accelrt.memory.device._source.MemorySource`: it asks
-for ordinary segments, or for expandable segments that it grows by mapping pages, and asks them
-back; it never calls the backend's ``malloc``/``free`` itself. Private pools (``MemPool``) are
-pairs of free lists of their own. History is an observer behind one hook (``_observer``).
+The allocator gets its memory through a :class:`~accelrt.memory.device._source.MemorySource`:
+it asks for ordinary segments, or for expandable segments that it grows by mapping pages, and
+asks them back; it never calls the backend's ``malloc``/``free`` itself. Private pools
+(``MemPool``) are pairs of free lists of their own. History is an observer behind one hook
+(``_observer``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Blocks, the pools of free blocks, and the segments blocks are carved from
 (docs/allocator.md sections 1, 3 and 7).
 
+Compiled twin: device/_native.pyx ``Block`` and ``BlockPool`` (the same attributes and
+methods; change both). Segments have none.
+
 A *block* is a piece of a segment, linked to its neighbours by ``prev``/``next``. A
 ``BlockPool`` holds the free blocks of one small (<= 1 MiB) or large pool, ordered by (stream,
 size, address): per stream, a sorted list of integer keys ``size << 64 | address``, so a

@@ -2,22 +2,31 @@
 # distutils: language = c++
 """The compiled core of the caching allocator: its hit path in C++ (docs/design.md, "Two cores").
 
+Python twins (change both; docs/design.md, "Pairs"): device/_allocator.py (``HotPath``'s
+methods), device/_block.py (``Block``, ``BlockPool``), device/_stats.py (``Stat``,
+``StatArray``), memory/_policy.py (the ``K_*`` constants, ``round_size``, ``should_split``),
+buffers/_buffer.py (``Buffer``'s fields and ``free``: ``_BufferFields``) and replay.py
+(``_run_chunk``: ``run_events``).
+
 This module holds the allocator's hot data and the operations that run on every call:
 ``Block`` and ``BlockPool`` (free blocks indexed by (stream, size, address) in C++ ordered
-sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``, ``free``, the best-fit lookup, splitting and merging. Its public fast path is ``Buffer``, ``empty(n)``
-and the common calls of ``copy_`` (each falling back to memory/_api.py for the rest).
+sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``,
+``free``, the best-fit lookup, splitting and merging. Its public fast path is ``Buffer``,
+``empty(n)`` and the common calls of ``copy_`` (each falling back to memory/_api.py for the
+rest).
 
 ``NativeCachingAllocator`` (memory/device/_core.py) is ``HotPath`` in front of the Python
 ``CachingAllocator``: every rare path (new segments, the OOM ladder, events, expandable
 segments, private pools, snapshots, history) is the Python reference's own code, working on
 these same objects through the same attribute names. The methods here are line-for-line
-translations of their namesakes in memory/device/_allocator.py and memory/device/_block.py; the differential
-test (tests/memory/test_native_core.py) holds the two to identical blocks, addresses,
+translations of their namesakes in memory/device/_allocator.py and memory/device/_block.py;
+the differential test (tests/memory/test_native_core.py) holds the two to identical blocks, addresses,
 statistics and snapshots.
 
 Compiled code runs no bytecode, so a KeyboardInterrupt cannot arrive half-way through it: the
 hit path is atomic by construction. Where it calls back into Python (the slow paths), those
-functions are registered with memory/_atomic.py by memory/device/_core.py, as the Python hot path is.
+functions are registered with memory/_atomic.py by memory/device/_core.py, as the Python hot
+path is.
 """
 
 from cpython.buffer cimport PyBuffer_IsContiguous

@@ -4,6 +4,9 @@ A ``Stat`` tracks ``current``, ``peak``, ``allocated`` (sum of increases) and ``
 decreases). A ``StatArray`` is one ``Stat`` each for ``all``, ``small_pool`` and ``large_pool``;
 every update goes to ``all`` and to the block's pool. ``DeviceStats.as_dict`` flattens them into
 ``memory_stats()`` keys ``<name>.<pool>.<metric>`` (mirrors ``torch.cuda.memory_stats``).
+
+Compiled twin: device/_native.pyx ``Stat`` and ``StatArray`` (the same attributes and
+methods; change both).
 """
 
 from __future__ import annotations
