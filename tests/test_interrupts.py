@@ -22,6 +22,7 @@ _ALLOCATOR_FILES = {
     os.path.join(os.path.dirname(acc.memory.__file__), name)
     for name in (
         "device/_allocator.py",
+        "device/_events.py",
         "device/_block.py",
         "device/_stats.py",
         "device/_source.py",

@@ -17,8 +17,8 @@ from ._atomic import PENDING, deliver, register
 from ._config import AllocatorConfig
 from .buffers._buffer import Buffer
 from .device import _core, _registry
-from .device._allocator import _as_size
 from .device._core import CachingAllocator
+from .device._requests import _as_size
 from .host._buffer import HostBuffer
 
 __all__ = [

@@ -3,7 +3,7 @@
 Compiled twin: device/_native.pyx (a file with a compiled sibling: change both). Its
 ``HotPath`` repeats, line for line, ``malloc``, ``_get_free_block``, ``_alloc_found_block``
 (with ``_mark_allocated``), ``free``, ``_free_block`` and ``_try_merge`` here, and
-``_request_size`` below; ``HotPath.run_events`` repeats replay.py's ``_run_chunk``. On the
+``_requests._request_size``; ``HotPath.run_events`` repeats replay.py's ``_run_chunk``. On the
 compiled core those run, not these (docs/design.md, "Pairs").
 
 The default policy reproduces PyTorch's CUDACachingAllocator (docs/allocator.md sections 1-8):
@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import OutOfMemoryError
-from ..._units import format_bytes
 from ...backends._base import Backend
 from .._atomic import PENDING, atomic, deliver, protect_sigint, register
 from .._config import AllocatorConfig
@@ -64,6 +63,8 @@ from ._block import (
     Segment,
 )
 from ._events import StreamEvents
+from ._oom import out_of_memory_error
+from ._requests import _not_allocated, _request_size
 from ._source import MemorySource
 from ._stats import DeviceStats, Stat, StatArray, StatsMethods
 
@@ -963,40 +964,18 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         free, total = self.backend.mem_get_info(self.device_index)
         if self._observer is not None:
             self._observer.record("oom", 0, size, stream, device_free=free)
-        allocated = stats.allocated_bytes.all.current
-        reserved = stats.reserved_bytes.all.current
-        allowed = ""
-        if self._allowed_max is not None:
-            allowed = f" accelrt may use {format_bytes(self._allowed_max)} of it (memory fraction)."
-        if self._expandable:
-            hint = (
-                "expandable segments are already on; free memory or lower the batch size, or "
-                "try ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB>"
-            )
-        elif self._source.supports_expandable:
-            hint = "try ACCELRT_ALLOC_CONF=expandable_segments:True to avoid fragmentation"
-        else:
-            hint = (
-                "try ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB> to avoid fragmentation "
-                f"(expandable segments need virtual memory, which {self.backend.name!r} lacks)"
-            )
-        message = (
-            f"Out of memory on {self.device_name}. Tried to allocate {format_bytes(alloc_size)} "
-            f"(a {format_bytes(nbytes)} request). The device has a total capacity of "
-            f"{format_bytes(total)} of which {format_bytes(free)} is free.{allowed} Of the "
-            f"allocated memory {format_bytes(allocated)} is allocated by accelrt, and "
-            f"{format_bytes(reserved - allocated)} is reserved by accelrt but unallocated. If "
-            f"reserved but unallocated memory is large, {hint}."
-        )
-        return OutOfMemoryError(
-            message,
-            device=self.device_name,
-            requested_bytes=nbytes,
-            allocation_bytes=alloc_size,
-            allocated_bytes=allocated,
-            reserved_bytes=reserved,
-            free_bytes=free,
-            total_bytes=total,
+        return out_of_memory_error(
+            self.device_name,
+            self.backend.name,
+            nbytes,
+            alloc_size,
+            free,
+            total,
+            stats.allocated_bytes.all.current,
+            stats.reserved_bytes.all.current,
+            self._allowed_max,
+            self._expandable,
+            self._source.supports_expandable,
         )
 
     # ------------------------------------------------------------------ private pools
@@ -1237,42 +1216,3 @@ def _mapped_runs(blocks: list[Block]) -> list[list[Block]]:
     if current:
         runs.append(current)
     return runs
-
-
-def _request_size(value: Any, memory: str) -> int:
-    """A malloc request's bytes, an int in [1, 2**60]: the one check of every allocator
-    (device, host, compiled). ``memory`` names what no one has that much of.
-
-    Raises
-    ------
-    TypeError
-        If ``value`` is not an integer (``bool`` included).
-    ValueError
-        If it is out of range.
-    """
-    nbytes = value if type(value) is int else _as_size(value)
-    if nbytes < 1 or nbytes > MAX_REQUEST_BYTES:
-        raise ValueError(
-            f"allocation size must be between 1 and 2**60 bytes, got {nbytes}"
-            + (f": no {memory} has that much memory" if nbytes > MAX_REQUEST_BYTES else "")
-        )
-    return nbytes
-
-
-def _not_allocated(device_name: str, address: int) -> ValueError:
-    """The error of a free (or record_stream) of a block this allocator has not handed out."""
-    return ValueError(
-        f"{device_name}: block at {address:#x} is not allocated by this allocator (freed "
-        "twice, or from another device)"
-    )
-
-
-def _as_size(value: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"allocation size must be an int number of bytes, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"allocation size must be an int number of bytes, got {type(value).__name__} {value!r}"
-        ) from None

@@ -42,7 +42,7 @@ cimport cython
 from cython.operator cimport dereference as deref
 from fastrlock.rlock cimport create_fastrlock, lock_fastrlock, unlock_fastrlock
 
-from ._allocator import _not_allocated, _request_size
+from ._requests import _not_allocated, _request_size
 from ..._errors import OutOfMemoryError
 from .._atomic import PENDING, deliver
 from ._block import DEFAULT_POOL_ID, ExpandableSegment

@@ -34,8 +34,8 @@ from ..._errors import OutOfMemoryError
 from ..._units import format_bytes
 from ...backends._base import Backend
 from .._atomic import PENDING, atomic, deliver, protect_sigint, register
-from ..device._allocator import _request_size
 from ..device._events import StreamEvents
+from ..device._requests import _request_size
 from ..device._stats import StatsMethods
 from ._source import HostMemorySource
 from ._stats import HostStats

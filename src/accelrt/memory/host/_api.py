@@ -9,7 +9,7 @@ from ... import _runtime
 from ..._device import DeviceLike
 from ...backends._base import Backend
 from .._atomic import PENDING, deliver, register
-from ..device._allocator import _as_size
+from ..device._requests import _as_size
 from ._allocator import HostCachingAllocator
 from ._buffer import HostBuffer
 
