@@ -1,5 +1,5 @@
 """Builds accelrt's compiled modules with Cython: the allocator's hit path
-(src/accelrt/memory/_native.pyx) and the streams' per-call methods (src/accelrt/_stream_ops.py,
+(src/accelrt/memory/device/_native.pyx) and the streams' per-call methods (src/accelrt/_stream_ops.py,
 plain Python compiled as it is in Cython's pure-Python mode, typed by _stream_ops.pxd).
 
 Everything else about the package is in pyproject.toml. The extensions are optional: when one
@@ -34,8 +34,8 @@ class OptionalBuildExt(build_ext):
 
 extensions = [
     Extension(
-        "accelrt.memory._native",
-        ["src/accelrt/memory/_native.pyx"],
+        "accelrt.memory.device._native",
+        ["src/accelrt/memory/device/_native.pyx"],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17"],
     ),

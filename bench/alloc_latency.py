@@ -6,7 +6,8 @@ Measures, on the OpenCL device (PoCL's CPU device where there is no GPU), for 51
 - ``accelrt.empty`` + ``Buffer.free``: the public path (current device and stream, a Buffer);
 - ``CachingAllocator.malloc`` + ``free``: the allocator of the core in use (compiled unless
   ``ACCELRT_PURE_PYTHON=1``);
-- the same pair on the pure-Python reference allocator (``memory._core.ReferenceCachingAllocator``);
+- the same pair on the pure-Python reference allocator
+  (``memory.device._core.ReferenceCachingAllocator``);
 - ``pyopencl.tools.MemoryPool`` ``allocate`` + ``release``: the peer, a C++ caching pool;
 - "as written": ``acc.empty(n).free()`` and ``pool.allocate(n).release()`` as users write them,
   the function looked up on its module or object in every iteration (the columns above hoist
@@ -61,7 +62,7 @@ def main() -> None:
     import pyopencl.tools as cl_tools
 
     import accelrt as acc
-    from accelrt.memory import _core
+    from accelrt.memory.device import _core
 
     acc.backends.use("opencl")
     allocator = acc.memory.get_allocator(0)

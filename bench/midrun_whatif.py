@@ -32,7 +32,7 @@ from typing import Any
 
 from accelrt.backends.sim import SimBackend
 from accelrt.memory import AllocatorConfig
-from accelrt.memory._core import CachingAllocator
+from accelrt.memory.device._core import CachingAllocator
 from accelrt.replay import replay
 from accelrt.trace import load
 from accelrt.trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE

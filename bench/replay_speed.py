@@ -233,7 +233,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=3_000_000)
     parser.add_argument("--quick", action="store_true", help="leave out the slow peers")
     args = parser.parse_args()
-    from accelrt.memory import _core
+    from accelrt.memory.device import _core
 
     print(f"allocator core: {_core.CORE} ({_core.CORE_REASON}); numpy {np.__version__}")
     bench_loop(args.traces, args.repeats)

@@ -60,7 +60,7 @@ def main() -> None:
     import numpy as np
 
     import accelrt as acc
-    from accelrt.memory import _core
+    from accelrt.memory.device import _core
 
     backend: Any = acc.backends.get_backend("xpu")
     if not backend.is_available():

@@ -1,6 +1,7 @@
 """The package's imports: no circle between modules and no arrow from a lower layer to a higher
-one (docs/design.md, "Layers as built"). Every import counts: at the top of a module, inside a
-function (lazy) and under ``TYPE_CHECKING``; a compiled module's Python-level imports too.
+one (docs/design.md, "Layers as built"); the one test of layering for the whole package.
+Every import counts: at the top of a module, inside a function (lazy) and under
+``TYPE_CHECKING``; a compiled module's Python-level imports too.
 
 The layers, lowest first: a module may import its own layer and the ones below.
 """
@@ -18,9 +19,16 @@ LAYERS: list[tuple[str, ...]] = [
     # leaves: errors, units, text, the compiled-module switch, devices
     ("_errors", "_units", "_text", "_gc", "_compiled", "_stream_ops", "_device", "_version"),
     ("backends",),
-    ("_runtime",),
-    ("_stream", "memory", "_accelerator", "_graph", "interop"),
-    ("trace", "_offline_plan", "_bounds", "_start_state", "replay"),
+    ("_runtime", "_accelerator"),
+    # memory's plain parts: settings, rules, all-or-nothing operations, history
+    ("memory._config", "memory._policy", "memory._atomic", "memory.history"),
+    ("memory.device",),  # the caching allocator
+    ("_stream",),
+    ("memory.buffers", "memory.host", "memory._snapshots", "memory._api", "memory", "_graph"),
+    ("interop",),
+    ("trace",),
+    ("_offline_plan", "_bounds", "_start_state"),
+    ("replay",),
     ("_verdict", "view", "_sweep"),
     ("_info", "cli"),
     ("__init__", "__main__", "testing"),
@@ -78,12 +86,16 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _layer(module: str) -> int:
-    parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else "__init__"
-    for n, layer in enumerate(LAYERS):
-        if top in layer:
-            return n
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/design.md")
+    """The layer of ``module``: that of the longest entry of ``LAYERS`` it is or is inside."""
+    name = module.removeprefix("accelrt").removeprefix(".") or "__init__"
+    best, layer = "", -1
+    for n, entries in enumerate(LAYERS):
+        for entry in entries:
+            inside = name == entry or name.startswith(entry + ".")
+            if inside and len(entry) > len(best):
+                best, layer = entry, n
+    assert layer >= 0, f"{module} is in no layer: add it to LAYERS and docs/design.md"
+    return layer
 
 
 def _cycles() -> list[list[str]]:
@@ -159,3 +171,19 @@ def test_the_checker_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None
         "accelrt.trace",
         "accelrt.view",
     }
+
+
+def test_use_is_the_runtimes() -> None:
+    """``accelrt.backends.use`` is the runtime's ``use``, handed down when ``_runtime`` is
+    imported, so that backends/ imports nothing above it."""
+    import accelrt.backends as backends
+    from accelrt import _runtime
+
+    assert backends._chooser == [_runtime.use]
+    previous = _runtime.accelerator()
+    try:
+        assert backends.use("sim") is backends.get_backend("sim")
+        assert _runtime.accelerator() is backends.get_backend("sim")
+    finally:
+        if previous is not None:
+            backends.use(previous.name)

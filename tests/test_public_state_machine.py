@@ -39,15 +39,9 @@ import accelrt as acc
 from accelrt import _runtime, _stream
 from accelrt.backends import _base
 from accelrt.backends.sim import SimBackend
-from accelrt.memory import (
-    AllocatorConfig,
-    Block,
-    CachingAllocator,
-    MemPool,
-    _registry,
-    use_mem_pool,
-)
-from accelrt.memory._segments import ExpandableSegment
+from accelrt.memory import AllocatorConfig, Block, CachingAllocator, MemPool, use_mem_pool
+from accelrt.memory.device import _registry
+from accelrt.memory.device._block import ExpandableSegment
 
 KiB, MiB = 1 << 10, 1 << 20
 CAPACITY = 256 * MiB

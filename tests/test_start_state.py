@@ -275,7 +275,7 @@ def _run_program(program: list[tuple[str, ...]], config: str, path: Path | None 
     import pickle
 
     from accelrt.backends.sim import SimBackend
-    from accelrt.memory._core import CachingAllocator
+    from accelrt.memory.device._core import CachingAllocator
 
     settings = AllocatorConfig.coerce(config)
     allocator = CachingAllocator(SimBackend(device_count=1), 0, settings)

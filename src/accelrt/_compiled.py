@@ -1,7 +1,7 @@
 """Whether accelrt's compiled modules run: one switch for all of them.
 
 ``pip install`` builds the compiled modules where it can: the allocator's hit path
-(memory/_native.pyx, with a Python twin) and the streams' per-call methods (_stream_ops.py,
+(memory/device/_native.pyx, with a Python twin) and the streams' per-call methods (_stream_ops.py,
 one Python source that Cython compiles as it is). The Python code runs where they were not
 built, or everywhere when ``ACCELRT_PURE_PYTHON`` is set to a true value (docs/design.md,
 "Two cores").
@@ -22,7 +22,7 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def load(name: str) -> tuple[ModuleType | None, str]:
-    """Import the compiled module ``name`` (absolute, e.g. ``"accelrt.memory._native"``).
+    """Import the compiled module ``name`` (absolute, e.g. ``"accelrt.memory.device._native"``).
 
     Returns
     -------

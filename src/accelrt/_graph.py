@@ -23,10 +23,10 @@ from . import _runtime
 from ._stream import CAPTURING, Stream, current_stream
 from .backends._base import Backend, GraphCapture
 from .memory._atomic import finaliser
-from .memory._block import PoolId
-from .memory._core import CachingAllocator
-from .memory._pool import MemPool
-from .memory._registry import get_allocator
+from .memory.device._block import PoolId
+from .memory.device._core import CachingAllocator
+from .memory.device._pool import MemPool
+from .memory.device._registry import get_allocator
 
 __all__ = ["Graph"]
 

@@ -8,7 +8,7 @@ from typing import Any
 from . import _runtime
 from ._errors import InputError
 from .backends import available_backends, get_backend, registered_backends
-from .memory import _core
+from .memory.device import _core
 
 
 def info_data() -> dict[str, Any]:

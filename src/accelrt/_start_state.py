@@ -32,8 +32,8 @@ from .memory._config import AllocatorConfig
 from .memory._policy import round_size, segment_size
 
 if TYPE_CHECKING:  # annotations only: the CLI imports this module to build its parser
-    from .memory._block import Block
-    from .memory._core import CachingAllocator
+    from .memory.device._block import Block
+    from .memory.device._core import CachingAllocator
     from .trace._recording import Recording
 
 __all__ = [

@@ -35,11 +35,11 @@ from ._start_state import (
 )
 from .backends._base import Backend, get_backend
 from .backends.sim import SimBackend
-from .memory._block import Block
 from .memory._config import AllocatorConfig
-from .memory._core import CachingAllocator
-from .memory._history import SegmentInfo
 from .memory._policy import MAX_REQUEST_BYTES
+from .memory.device._block import Block
+from .memory.device._core import CachingAllocator
+from .memory.history._history import SegmentInfo
 from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
 from .trace._format import Trace
 from .trace._recording import UNLIMITED_CAPACITY

@@ -27,7 +27,7 @@ from accelrt import _runtime
 from accelrt.backends import _base
 from accelrt.backends._base import GraphCapture
 from accelrt.backends.cuda import CUDABackend, CUDAError
-from accelrt.memory import _dlpack
+from accelrt.memory.buffers import _dlpack
 
 INVALID_VALUE = 1
 CAPTURE_INVALIDATED = 901

@@ -15,7 +15,7 @@ import pytest
 import accelrt as acc
 from accelrt import _runtime
 from accelrt.backends import _base
-from accelrt.memory import _registry
+from accelrt.memory.device import _registry
 
 RunPython = Callable[..., str]
 

@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 from accelrt import OutOfMemoryError
 from accelrt.backends.sim import VM_GRANULARITY, SimBackend
 from accelrt.memory import AllocatorConfig, Block, CachingAllocator, round_size, segment_size
-from accelrt.memory._stats import STAT_ARRAY_NAMES
+from accelrt.memory.device._stats import STAT_ARRAY_NAMES
 
 MiB = 1 << 20
 PoolId = tuple[int, int]

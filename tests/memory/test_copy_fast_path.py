@@ -1,7 +1,7 @@
 """``accelrt.copy_`` on the compiled core gives what the Python reference gives, case by case
 and on generated host arrays.
 
-With the compiled core, ``copy_`` is memory/_native.pyx's fast path: it takes the common
+With the compiled core, ``copy_`` is memory/device/_native.pyx's fast path: it takes the common
 copies itself and hands every other call (a HostBuffer, any error) to the Python function in
 memory/_api.py. Each case below runs through both on fresh, identical operands and must end
 the same way: the same bytes in the destination, or the same error. On the pure-Python core
@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import accelrt as acc
-from accelrt.memory import _api, _core
+from accelrt.memory import _api
+from accelrt.memory.device import _core
 
 N = 64  # bytes of every operand
 

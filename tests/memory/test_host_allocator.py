@@ -23,7 +23,7 @@ import pytest
 
 import accelrt as acc
 from accelrt.backends import get_backend
-from accelrt.memory._host import HostCachingAllocator, host_round_size
+from accelrt.memory.host._allocator import HostCachingAllocator, host_round_size
 
 KiB, MiB = 1 << 10, 1 << 20
 TIMES = ("total", "max", "min", "avg")
@@ -578,7 +578,9 @@ if TYPE_CHECKING:
 
 _HOST_FILES = {
     os.path.join(os.path.dirname(acc.memory.__file__), name)
-    for name in ("_host.py", "_host_buffer.py", "_segments.py", "_stats.py")
+    for name in (  # noqa: SIM905 (one line, not one a name)
+        "host/_allocator.py host/_buffer.py host/_source.py device/_events.py device/_stats.py"
+    ).split()
 }
 
 

@@ -1,8 +1,9 @@
 """The compiled core and the Python reference are one policy: identical on every trace we have
 and on generated operation sequences (docs/design.md, "Two cores").
 
-Each check runs the same work through ``ReferenceCachingAllocator`` (memory/_allocator.py) and
-the compiled ``CachingAllocator`` (memory/_native.pyx in front of it) on fresh simulated
+Each check runs the same work through ``ReferenceCachingAllocator``
+(memory/device/_allocator.py) and
+the compiled ``CachingAllocator`` (memory/device/_native.pyx in front of it) on fresh simulated
 devices and compares what a user can see: block addresses and sizes, ``memory_stats()``,
 snapshots, and out-of-memory errors.
 """
@@ -19,8 +20,9 @@ from hypothesis import strategies as st
 
 import accelrt.replay as replay_module
 from accelrt.backends.sim import SimBackend
-from accelrt.memory import AllocatorConfig, _core
-from accelrt.memory._core import ReferenceCachingAllocator
+from accelrt.memory import AllocatorConfig
+from accelrt.memory.device import _core
+from accelrt.memory.device._core import ReferenceCachingAllocator
 from accelrt.trace import load
 
 pytestmark = pytest.mark.skipif(
@@ -165,7 +167,7 @@ def test_compiled_core_is_selected_and_distinct() -> None:
     assert issubclass(_core.CachingAllocator, ReferenceCachingAllocator)
     backend = SimBackend(capacity=64 * MiB)
     block = _core.CachingAllocator(backend, 0).malloc(1000, 0)
-    assert type(block).__module__ == "accelrt.memory._native"
+    assert type(block).__module__ == "accelrt.memory.device._native"
     assert (block.size, block.requested_size) == (1024, 1000)
 
 
@@ -195,7 +197,7 @@ def test_active_blocks_behave_as_the_dict_they_replace() -> None:
 def test_compiled_buffer_adopts_the_most_derived_python_definitions() -> None:
     # Buffer's Python-level part overrides some of MemoryHandle's (CUDA-aware DLPack): the
     # compiled type must get the override, as a Python subclass would.
-    from accelrt.memory._buffer import MemoryHandle, _BufferAPI
+    from accelrt.memory.buffers._buffer import MemoryHandle, _BufferAPI
 
     compiled = vars(_core.native.Buffer)  # type: ignore[union-attr]
     for name in ("__dlpack__", "__dlpack_device__", "numpy", "device", "__repr__"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import accelrt as acc
-from accelrt.memory._summary import format_summary
+from accelrt.memory.history._summary import format_summary
 from accelrt.trace import TraceFormatError, read_snapshot
 
 MiB = 1 << 20

@@ -2,7 +2,8 @@
 
 ``Buffer.free()`` and ``HostBuffer.free()`` with a live export (a ``numpy()`` view, a slice of
 one, a DLPack capsule, a host buffer's buffer-protocol view) mark the buffer freed at once,
-but leave its block allocated until the last export is gone (memory/_buffer.py ``ExportPin``),
+but leave its block allocated until the last export is gone
+(memory/buffers/_buffer.py ``ExportPin``),
 as a PyTorch storage outlives its tensor while another tensor views it. Before, the block went
 back at once: the view then read and wrote the next buffer that got the block, and after
 ``empty_cache()`` it wrote to released memory (a segfault on OpenCL and on ``sim`` host

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
-    from ..memory._summary import format_summary
+    from ..memory.history._summary import format_summary
     from ..replay import replay
     from ..trace._snapshot import devices_with_history
     from ..view import forensics_text

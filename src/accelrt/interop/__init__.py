@@ -6,7 +6,7 @@
   Management plugin so Numba's device arrays come from accelrt.
 
 (The DLPack capsules ``Buffer.__dlpack__`` hands out for CUDA memory are built in
-``accelrt.memory._dlpack``.)
+``accelrt.memory.buffers._dlpack``.)
 
 Nothing here is imported by ``import accelrt``; each module imports its library only when a
 function that needs it is called, and raises an ``ImportError`` naming the pip package when it

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 from .. import _runtime
 from .._device import DeviceLike
 from .._stream import Stream, _current, current_stream
-from . import _core, _registry
-from ._allocator import _as_size
 from ._atomic import PENDING, deliver, register
-from ._buffer import Buffer
 from ._config import AllocatorConfig
-from ._core import CachingAllocator
-from ._host_buffer import HostBuffer
+from .buffers._buffer import Buffer
+from .device import _core, _registry
+from .device._core import CachingAllocator
+from .device._requests import _as_size
+from .host._buffer import HostBuffer
 
 __all__ = [
     "copy_",
@@ -108,7 +108,7 @@ register(empty)
 
 if not TYPE_CHECKING and _core.native is not None:
     # The compiled form takes the common call, empty(n), without a Python frame; it falls
-    # back to the function above for every other call (memory/_native.pyx).
+    # back to the function above for every other call (memory/device/_native.pyx).
     _core.native.install_empty(_runtime, empty)
     _core.native.empty.__doc__ = empty.__doc__
     empty = _core.native.empty
@@ -269,7 +269,7 @@ _copy_reference = copy_  # the Python function, on either core (tests compare th
 
 if not TYPE_CHECKING and _core.native is not None:
     # The compiled form takes the common copies without a Python frame; it falls back to the
-    # function above for every other call (memory/_native.pyx).
+    # function above for every other call (memory/device/_native.pyx).
     _core.native.install_copy(copy_, _current, Stream, HostBuffer)
     _core.native.copy_.__doc__ = copy_.__doc__
     copy_ = _core.native.copy_

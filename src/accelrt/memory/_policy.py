@@ -3,6 +3,10 @@
 The caching allocator and the rewind of PyTorch recordings (``accelrt.trace``) both use these
 functions, so the two can never disagree about what PyTorch's CUDACachingAllocator would have
 done. docs/allocator.md sections 2, 4 and 7 describe each rule.
+
+Compiled twin (in part): device/_native.pyx repeats ``K_MIN_BLOCK_SIZE``, ``K_SMALL_SIZE``,
+``MAX_REQUEST_BYTES`` and ``UNLIMITED``, ``round_size`` (``HotPath.round_size``) and
+``should_split`` (in ``HotPath.alloc_found_block``): change both (docs/design.md, "Pairs").
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from .. import _runtime
 from .._device import DeviceLike
-from . import _registry
-from ._block import PoolId
-from ._history import ACTIONS, SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
-from ._summary import format_summary
+from .device import _registry
+from .device._block import PoolId
+from .history._history import ACTIONS, SNAPSHOT_SCHEMA_VERSION, Snapshot, TraceEntry
+from .history._summary import format_summary
 
 __all__ = ["dump_snapshot", "memory_snapshot", "memory_summary", "record_memory_history"]
 
@@ -120,7 +120,7 @@ def memory_snapshot(mempool_id: PoolId | None = None, include_traces: bool = Tru
     dict
         ``{"segments": [...], "device_traces": [[...] per device], "allocator_settings": {...},
         "accelrt_schema_version": 1}`` with PyTorch's key names (see
-        ``accelrt.memory._history.Snapshot``). Segments list their blocks in address order
+        ``accelrt.memory.history._history.Snapshot``). Segments list their blocks in address order
         with states ``active_allocated``, ``active_pending_free`` or ``inactive``; a device
         without history has an empty trace.
 

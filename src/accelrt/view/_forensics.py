@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._units import format_bytes
-from ..memory._summary import fit_frame, format_live_groups
+from ..memory.history._summary import fit_frame, format_live_groups
 from ._categories import Categories, category_bytes
 from ._model import View, live_groups
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..memory._history import SegmentInfo
+from ..memory.history._history import SegmentInfo
 from ..trace._columns import OP_EMPTY_CACHE, OP_FREE
 from ..trace._format import Trace
 from ._model import View, _failed_events, _freed

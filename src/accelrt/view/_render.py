@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from .._text import printable
 from .._units import format_bytes
-from ..memory._history import SegmentInfo
+from ..memory.history._history import SegmentInfo
 from ._model import View
 from ._stacks import CleanStack
 

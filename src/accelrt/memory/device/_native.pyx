@@ -2,22 +2,31 @@
 # distutils: language = c++
 """The compiled core of the caching allocator: its hit path in C++ (docs/design.md, "Two cores").
 
+Python twins (change both; docs/design.md, "Pairs"): device/_allocator.py (``HotPath``'s
+methods), device/_block.py (``Block``, ``BlockPool``), device/_stats.py (``Stat``,
+``StatArray``), memory/_policy.py (the ``K_*`` constants, ``round_size``, ``should_split``),
+buffers/_buffer.py (``Buffer``'s fields and ``free``: ``_BufferFields``) and replay.py
+(``_run_chunk``: ``run_events``).
+
 This module holds the allocator's hot data and the operations that run on every call:
 ``Block`` and ``BlockPool`` (free blocks indexed by (stream, size, address) in C++ ordered
-sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``, ``free``, the best-fit lookup, splitting and merging. Its public fast path is ``Buffer``, ``empty(n)``
-and the common calls of ``copy_`` (each falling back to memory/_api.py for the rest).
+sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``,
+``free``, the best-fit lookup, splitting and merging. Its public fast path is ``Buffer``,
+``empty(n)`` and the common calls of ``copy_`` (each falling back to memory/_api.py for the
+rest).
 
-``NativeCachingAllocator`` (memory/_core.py) is ``HotPath`` in front of the Python
+``NativeCachingAllocator`` (memory/device/_core.py) is ``HotPath`` in front of the Python
 ``CachingAllocator``: every rare path (new segments, the OOM ladder, events, expandable
 segments, private pools, snapshots, history) is the Python reference's own code, working on
 these same objects through the same attribute names. The methods here are line-for-line
-translations of their namesakes in memory/_allocator.py and memory/_block.py; the differential
-test (tests/memory/test_native_core.py) holds the two to identical blocks, addresses,
+translations of their namesakes in memory/device/_allocator.py and memory/device/_block.py;
+the differential test (tests/memory/test_native_core.py) holds the two to identical blocks, addresses,
 statistics and snapshots.
 
 Compiled code runs no bytecode, so a KeyboardInterrupt cannot arrive half-way through it: the
 hit path is atomic by construction. Where it calls back into Python (the slow paths), those
-functions are registered with memory/_atomic.py by memory/_core.py, as the Python hot path is.
+functions are registered with memory/_atomic.py by memory/device/_core.py, as the Python hot
+path is.
 """
 
 from cpython.buffer cimport PyBuffer_IsContiguous
@@ -33,11 +42,10 @@ cimport cython
 from cython.operator cimport dereference as deref
 from fastrlock.rlock cimport create_fastrlock, lock_fastrlock, unlock_fastrlock
 
-from ._allocator import _not_allocated, _request_size
-from .._errors import OutOfMemoryError
-from ._atomic import PENDING, deliver
-from ._block import DEFAULT_POOL_ID
-from ._segments import ExpandableSegment
+from ._requests import _not_allocated, _request_size
+from ..._errors import OutOfMemoryError
+from .._atomic import PENDING, deliver
+from ._block import DEFAULT_POOL_ID, ExpandableSegment
 
 __all__ = ["ActiveBlocks", "Block", "BlockPool", "Buffer", "HotPath", "Stat", "StatArray"]
 
@@ -62,7 +70,7 @@ ctypedef PyObject* BlockRef  # a Block, borrowed or owned as the comment says
 cdef class Stat:
     """One statistic: current value, peak, and the sums of increases and decreases.
 
-    The compiled twin of memory/_stats.py ``Stat``.
+    The compiled twin of memory/device/_stats.py ``Stat``.
     """
 
     cdef public int64_t current, peak, allocated, freed
@@ -140,7 +148,7 @@ cdef class StatArray:
 cdef class Block:
     """A piece of a segment: allocated, pending free (waiting for events) or free.
 
-    The compiled twin of memory/_block.py ``Block``: the same attributes and methods.
+    The compiled twin of memory/device/_block.py ``Block``: the same attributes and methods.
     """
 
     cdef public int64_t address, size, stream, requested_size, event_count, gc_count_base
@@ -245,7 +253,7 @@ cdef extern from *:
 cdef class BlockPool:
     """The free blocks of one pool by (stream, size, address), and its unmapped blocks.
 
-    The compiled twin of memory/_block.py ``BlockPool``: the same methods, with each stream's
+    The compiled twin of memory/device/_block.py ``BlockPool``: the same methods, with each stream's
     free blocks in a sorted C++ vector. The pool holds a reference to each block it lists.
     """
 
@@ -505,7 +513,7 @@ cdef class ActiveBlocks:
 # ---------------------------------------------------------------------- the hit path
 cdef int64_t _request_bytes(object nbytes) except -1:
     """A request's size in bytes: an in-range int at C speed, anything else through the
-    allocators' one check (memory/_allocator.py ``_request_size``), which raises."""
+    allocators' one check (memory/device/_allocator.py ``_request_size``), which raises."""
     cdef int64_t n = 0
     if type(nbytes) is int:
         try:
@@ -887,7 +895,7 @@ cdef class HotPath:
 
 
 cdef int64_t _merge(Block dst, Block src, BlockPool pool):
-    """memory/_allocator.py ``CachingAllocator._try_merge``: the bytes absorbed, or 0.
+    """memory/device/_allocator.py ``CachingAllocator._try_merge``: the bytes absorbed, or 0.
 
     The absorbed ``src`` is unlinked from its old neighbours too, so that a discarded block
     someone still holds does not keep a chain of later blocks alive.
@@ -930,7 +938,7 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
 @cython.no_gc
 cdef class Buffer:
     # accelrt.Buffer where the compiled core runs: its fields, free and finaliser in C.
-    # memory/_buffer.py writes the rest of the class once, in Python, docstring included, and
+    # memory/buffers/_buffer.py writes the rest of the class once, in Python, docstring included, and
     # gives it to this type (adopt; a docstring here would hide the adopted one). On the pure
     # core Buffer is a Python class with the same fields (_BufferFields). A final type with a
     # free list: making and dropping a buffer allocates nothing and runs no Python code.
@@ -939,7 +947,7 @@ cdef class Buffer:
     # refers to no buffer but through a stream's held host objects (a copy from buf.numpy()),
     # which the backend's state reaches until the copy has finished: never an unreachable
     # cycle for the collector to find. Tracking it cost 7 ns of a 187 ns empty(n).free().
-    # _pin is None until the memory is exported (memory/_buffer.py ExportPin): free() then
+    # _pin is None until the memory is exported (memory/buffers/_buffer.py ExportPin): free() then
     # leaves the block to the exports' pin while one lives; a buffer that was never exported
     # pays one field test for it.
 
@@ -1016,7 +1024,7 @@ cdef frozenset _NOT_ADOPTED = frozenset({
 def adopt(type cls, type source):
     """Give the compiled type ``cls`` the Python-level attributes of ``source`` and its bases.
 
-    ``source`` (memory/_buffer.py) holds the part of ``Buffer`` written in Python: properties,
+    ``source`` (memory/buffers/_buffer.py) holds the part of ``Buffer`` written in Python: properties,
     methods, special methods and the class docstring. Each is set on ``cls`` as on a Python
     class (special methods fill their slots), base classes first; what ``cls`` defines itself
     (its fields, ``__init__``, ``free``) is kept, so the class is written once for both cores.

@@ -1,4 +1,8 @@
-"""Blocks and the pools of free blocks (docs/allocator.md sections 1 and 3).
+"""Blocks, the pools of free blocks, and the segments blocks are carved from
+(docs/allocator.md sections 1, 3 and 7).
+
+Compiled twin: device/_native.pyx ``Block`` and ``BlockPool`` (the same attributes and
+methods; change both). Segments have none.
 
 A *block* is a piece of a segment, linked to its neighbours by ``prev``/``next``. A
 ``BlockPool`` holds the free blocks of one small (<= 1 MiB) or large pool, ordered by (stream,
@@ -6,19 +10,32 @@ size, address): per stream, a sorted list of integer keys ``size << 64 | address
 best-fit lookup is one ``bisect``. It also holds the unmapped blocks of its expandable segments,
 ordered by (stream, address). Each private memory pool has a small and a large ``BlockPool`` of
 its own; ``pool_id`` says whose they are ((0, 0) for the device's default pools).
+
+A block's segment is a :class:`Segment` (one raw backend allocation of a fixed size) or an
+:class:`ExpandableSegment` (an address range reserved once per (stream, pool) whose pages are
+mapped on demand and unmapped when freed; needs a backend with virtual memory). Blocks, pools
+and segments refer to each other, so they share this module; ``_source.MemorySource`` makes
+the segments.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._history import RawFrames
-    from ._segments import AnySegment
+from ...backends._base import Backend, BackendOutOfMemory
+from ..history._history import RawFrames
 
-__all__ = ["DEFAULT_POOL_ID", "KEY_SHIFT", "Block", "BlockPool", "PoolId"]
+__all__ = [
+    "DEFAULT_POOL_ID",
+    "KEY_SHIFT",
+    "AnySegment",
+    "Block",
+    "BlockPool",
+    "ExpandableSegment",
+    "PoolId",
+    "Segment",
+]
 
 KEY_SHIFT = 64
 _ADDRESS_MASK = (1 << KEY_SHIFT) - 1
@@ -193,3 +210,147 @@ class BlockPool:
     def unmapped_count(self) -> int:
         """Return how many unmapped blocks the pool holds."""
         return len(self._unmapped)
+
+
+class Segment:
+    """An ordinary segment: one raw device allocation, owned by the stream that created it.
+
+    Attributes
+    ----------
+    address, size : int
+        The allocation's address and bytes.
+    stream : int
+        The backend stream handle of the request that created it.
+    pool : BlockPool
+        The free list its blocks return to (which also says small or large, and which
+        private pool).
+    frames : tuple or None
+        The Python stack that created it, when history records stacks.
+    """
+
+    __slots__ = ("address", "frames", "pool", "size", "stream")
+    is_expandable = False
+
+    def __init__(self, address: int, size: int, stream: int, pool: BlockPool) -> None:
+        self.address = address
+        self.size = size
+        self.stream = stream
+        self.pool = pool
+        self.frames: RawFrames | None = None
+
+    @property
+    def is_small(self) -> bool:
+        """Whether the segment belongs to a small pool."""
+        return self.pool.is_small
+
+    def __repr__(self) -> str:
+        return f"Segment(address={self.address:#x}, size={self.size}, stream={self.stream})"
+
+
+class ExpandableSegment:
+    """A reserved address range of one (stream, pool) whose pages are mapped on demand.
+
+    Attributes
+    ----------
+    address, size : int
+        The reserved range: its base address and bytes (a whole number of pages).
+    page_size : int
+        Bytes per page: 2 MiB for a small pool, 20 MiB for a large one.
+    stream : int
+        The stream handle every block of the segment belongs to.
+    pool : BlockPool
+        The free list its blocks return to.
+
+    Notes
+    -----
+    Mirrors c10's ``ExpandableSegment``: :meth:`map` and :meth:`unmap` work in whole pages, and
+    a map either maps every page it needs or, when the device is full, none.
+    """
+
+    __slots__ = (
+        "_backend",
+        "_index",
+        "address",
+        "frames",
+        "mapped_bytes",
+        "page_size",
+        "pool",
+        "size",
+        "stream",
+    )
+    is_expandable = True
+
+    def __init__(
+        self,
+        backend: Backend,
+        index: int,
+        address: int,
+        size: int,
+        stream: int,
+        pool: BlockPool,
+        page: int,
+    ) -> None:
+        self._backend = backend
+        self._index = index
+        self.address = address
+        self.size = size
+        self.stream = stream
+        self.pool = pool
+        self.page_size = page
+        self.mapped_bytes = 0  # the allocator's blocks say which pages are mapped
+        self.frames: RawFrames | None = None
+
+    @property
+    def is_small(self) -> bool:
+        """Whether the segment belongs to a small pool."""
+        return self.pool.is_small
+
+    def map(self, address: int, nbytes: int) -> int:
+        """Map the pages covering ``[address, address + nbytes)``; ``address`` starts a page.
+
+        Returns
+        -------
+        int
+            The bytes mapped from ``address`` (whole pages, >= ``nbytes``), or 0 when the device
+            had no memory for them (then nothing was mapped).
+        """
+        first = (address - self.address) // self.page_size
+        last = -(-(address + nbytes - self.address) // self.page_size)
+        mapped = (last - first) * self.page_size
+        try:
+            self._backend.vm_map(self._index, address, mapped)
+        except BackendOutOfMemory:
+            return 0
+        self.mapped_bytes += mapped
+        return mapped
+
+    def unmap(self, address: int, nbytes: int) -> tuple[int, int]:
+        """Unmap the whole pages inside ``[address, address + nbytes)``.
+
+        Returns
+        -------
+        (int, int)
+            The address and bytes unmapped; bytes is 0 when no whole page lies inside.
+        """
+        first = -(-(address - self.address) // self.page_size)
+        last = (address + nbytes - self.address) // self.page_size
+        if first >= last:
+            return address, 0
+        start = self.address + first * self.page_size
+        unmapped = (last - first) * self.page_size
+        self._backend.vm_unmap(self._index, start, unmapped)
+        self.mapped_bytes -= unmapped
+        return start, unmapped
+
+    def release(self) -> None:
+        """Give the address range back; every page must be unmapped."""
+        self._backend.vm_release(self._index, self.address)
+
+    def __repr__(self) -> str:
+        return (
+            f"ExpandableSegment(address={self.address:#x}, size={self.size}, "
+            f"mapped={self.mapped_bytes}, stream={self.stream})"
+        )
+
+
+AnySegment = Segment | ExpandableSegment

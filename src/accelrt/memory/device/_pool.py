@@ -14,11 +14,11 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .. import _runtime
-from .._device import Device, DeviceLike
+from ... import _runtime
+from ..._device import Device, DeviceLike
+from ..history._history import SegmentInfo
 from ._block import PoolId
 from ._core import CachingAllocator
-from ._history import SegmentInfo
 from ._registry import get_allocator
 
 __all__ = ["MemPool", "use_mem_pool"]

@@ -6,15 +6,15 @@ import ctypes
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._device import Device
-from .._stream import Stream
-from ._atomic import PENDING, deliver, register
-from ._buffer import ExportPin, FreedWhenCollected, MemoryHandle
+from ..._device import Device
+from ..._stream import Stream
+from .._atomic import PENDING, deliver, register
+from ..buffers._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ._host import HostBlock, HostCachingAllocator
+    from ._allocator import HostBlock, HostCachingAllocator
 
 __all__ = ["HostBuffer"]
 
@@ -105,33 +105,10 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
         """True if the memory is the driver's pinned host memory, False if ordinary memory."""
         return self._pinned
 
-    @property
-    def block(self) -> HostBlock:
-        """The host allocator's block behind the buffer.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed or is empty.
-        """
-        if self._block is None:
-            if self.nbytes:
-                raise self._freed_error()
-            raise ValueError(f"{self!r} is empty and has no block")
-        return self._block
-
-    @property
-    def allocator(self) -> HostCachingAllocator:
-        """The host caching allocator that owns the memory.
-
-        Raises
-        ------
-        ValueError
-            If the buffer is empty (0 bytes: it has no allocator).
-        """
-        if self._allocator is None:
-            raise ValueError(f"{self!r} is empty and has no allocator")
-        return self._allocator
+    def _no_block_error(self) -> ValueError:
+        if self.nbytes:
+            return self._freed_error()
+        return ValueError(f"{self!r} is empty and has no block")
 
     def _freed_error(self) -> ValueError:
         return ValueError(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 
-from .. import _runtime
-from ..backends._base import Backend
-from ._config import AllocatorConfig
+from ... import _runtime
+from ...backends._base import Backend
+from .._config import AllocatorConfig
 from ._core import CachingAllocator
 
 __all__ = [

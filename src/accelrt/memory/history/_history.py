@@ -18,11 +18,7 @@ import sys
 import time
 from collections import deque
 from types import CodeType
-from typing import TYPE_CHECKING, Literal, TypedDict
-
-if TYPE_CHECKING:
-    from ._block import Block
-    from ._segments import AnySegment
+from typing import Literal, Protocol, TypedDict
 
 __all__ = [
     "SNAPSHOT_SCHEMA_VERSION",
@@ -110,7 +106,8 @@ class Snapshot(TypedDict):
     accelrt_schema_version: int
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_HISTORY_DIR = os.path.dirname(os.path.abspath(__file__))  # accelrt/memory/history
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(_HISTORY_DIR)) + os.sep  # accelrt/
 
 
 def capture_frames(skip: int = 2) -> RawFrames:
@@ -141,6 +138,12 @@ ACTIONS = frozenset({
     "segment_unmap", "oom",
 })  # fmt: skip
 """The actions a history records (PyTorch's trace entry actions)."""
+
+
+class StackOwner(Protocol):
+    """What keeps the stack that made it: a block or a segment (device/_block.py)."""
+
+    frames: RawFrames | None
 
 
 class History:
@@ -186,7 +189,7 @@ class History:
         addr: int,
         size: int,
         stream: int,
-        owner: Block | AnySegment | None = None,
+        owner: StackOwner | None = None,
         device_free: int = 0,
     ) -> None:
         """Observe one allocator action: the allocator's only history hook.

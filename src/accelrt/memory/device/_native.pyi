@@ -1,4 +1,4 @@
-# Types of the compiled core (memory/_native.pyx). Its Block, BlockPool, Stat and StatArray
+# Types of the compiled core (memory/device/_native.pyx). Its Block, BlockPool, Stat and StatArray
 # have exactly the attributes and methods of the Python classes, so they are typed as those.
 from typing import Any
 

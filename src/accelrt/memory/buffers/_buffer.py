@@ -1,26 +1,44 @@
-"""``Buffer``: device memory from the caching allocator (pointer, size, device, stream)."""
+"""``Buffer``: device memory from the caching allocator (pointer, size, device, stream).
+
+Compiled twin: device/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields, ``free``,
+the finaliser) and adopts ``_BufferAPI`` at import; change both (docs/design.md, "Pairs").
+"""
 
 from __future__ import annotations
 
 import threading
 import weakref
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .._device import Device
-from ._atomic import PENDING, deliver, register
-from ._core import native
+from ..._device import Device
+from .._atomic import PENDING, deliver, register
+from ..device._core import native
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .._stream import Stream
-    from ._allocator import CachingAllocator
-    from ._block import Block
+    from ..._stream import Stream
+    from ..device._allocator import CachingAllocator
+    from ..device._block import Block
 
 __all__ = ["ArrayOwner", "Buffer", "ExportPin", "FreedWhenCollected", "MemoryHandle"]
 
 _H = TypeVar("_H", bound="MemoryHandle")
+_B = TypeVar("_B", covariant=True)
+_A = TypeVar("_A", covariant=True)
+
+
+class _Owning(Protocol[_B, _A]):
+    """A memory handle's fields that ``block`` and ``allocator`` read (Buffer, HostBuffer)."""
+
+    @property
+    def _block(self) -> _B | None: ...
+    @property
+    def _allocator(self) -> _A | None: ...
+    def _no_block_error(self) -> ValueError: ...
+
+
 _new_pin_lock = threading.Lock()  # two threads' first exports of one handle share one pin
 
 
@@ -46,6 +64,34 @@ class MemoryHandle:
 
         def free(self) -> None: ...
         def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+
+    @property
+    def block(self: _Owning[_B, _A]) -> _B:
+        """The allocator's block behind the memory.
+
+        Raises
+        ------
+        ValueError
+            If the memory was freed, or the handle is empty.
+        """
+        block = self._block
+        if block is None:
+            raise self._no_block_error()
+        return block
+
+    @property
+    def allocator(self: _Owning[_B, _A]) -> _A:
+        """The caching allocator that owns the memory.
+
+        Raises
+        ------
+        ValueError
+            If the handle is empty (0 bytes: it has no allocator).
+        """
+        allocator = self._allocator
+        if allocator is None:
+            raise ValueError(f"{self!r} is empty and has no allocator")
+        return allocator
 
     @property
     def freed(self) -> bool:
@@ -200,7 +246,7 @@ class ExportPin(FreedWhenCollected):
 
 class _BufferFields(FreedWhenCollected):
     """The fields, ``free`` and finaliser of :class:`Buffer` in Python, where the compiled
-    core does not run (elsewhere ``Buffer`` is memory/_native.pyx's compiled type, this
+    core does not run (elsewhere ``Buffer`` is memory/device/_native.pyx's compiled type, this
     class's twin, given the Python-level part, ``_BufferAPI``)."""
 
     __slots__ = ("__weakref__", "_allocator", "_block", "_pin", "_stream", "nbytes", "ptr")
@@ -243,7 +289,8 @@ register(_BufferFields.free)
 
 
 # Buffer's Python-level part, written once for both cores: the Python Buffer below derives
-# from it; the compiled one adopts it (memory/_native.pyx ``adopt``). Its docstring is Buffer's.
+# from it; the compiled one adopts it (memory/device/_native.pyx ``adopt``). Its docstring
+# is Buffer's.
 class _BufferAPI(MemoryHandle):
     """A block of device memory handed out by ``accelrt.empty``.
 
@@ -296,31 +343,8 @@ class _BufferAPI(MemoryHandle):
         """The stream the memory was allocated on."""
         return self._stream
 
-    @property
-    def block(self) -> Block:
-        """The allocator's block behind the buffer.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed or is empty.
-        """
-        if self._block is None:
-            raise ValueError(f"{self!r} holds no memory (freed or empty)")
-        return self._block
-
-    @property
-    def allocator(self) -> CachingAllocator:
-        """The caching allocator that owns the memory.
-
-        Raises
-        ------
-        ValueError
-            If the buffer is empty (0 bytes: it has no allocator).
-        """
-        if self._allocator is None:
-            raise ValueError(f"{self!r} is empty and has no allocator")
-        return self._allocator
+    def _no_block_error(self) -> ValueError:
+        return ValueError(f"{self!r} holds no memory (freed or empty)")
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -552,6 +576,6 @@ if TYPE_CHECKING or native is None:
         __doc__ = _BufferAPI.__doc__
         __slots__ = ()
 
-else:  # the compiled type, given the Python-level part above (memory/_native.pyx)
+else:  # the compiled type, given the Python-level part above (memory/device/_native.pyx)
     Buffer = native.Buffer
     native.adopt(Buffer, _BufferAPI)

@@ -1,11 +1,11 @@
 """Which allocator core runs: the compiled hit path or the pure-Python reference.
 
 ``CachingAllocator`` here is what the rest of accelrt builds. When the compiled module
-(memory/_native.pyx, built by ``pip install``) imports and ``ACCELRT_PURE_PYTHON`` is not set
+(memory/device/_native.pyx, built by ``pip install``) imports and ``ACCELRT_PURE_PYTHON`` is not set
 to a true value, it is ``NativeCachingAllocator``: the compiled ``HotPath`` (``malloc``,
 ``free``, best fit, splitting, merging, statistics) in front of the Python reference, whose
 code still runs every rare path on the compiled blocks and pools. Otherwise it is the
-reference itself (memory/_allocator.py). Both give the same blocks, addresses, statistics,
+reference itself (memory/device/_allocator.py). Both give the same blocks, addresses, statistics,
 snapshots and errors; tests/memory/test_native_core.py checks it. docs/design.md ("Two cores")
 says why the split lies where it does.
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._compiled import load
+from ..._compiled import load
+from .._atomic import register
+from ..history._history import History
 from . import _block
 from ._allocator import CachingAllocator as ReferenceCachingAllocator
-from ._atomic import register
-from ._history import History
 
 __all__ = [
     "CORE",
@@ -35,7 +35,7 @@ def _native_allocator(module: Any) -> type[ReferenceCachingAllocator]:
         """The caching allocator with its hit path compiled; see ``CachingAllocator``.
 
         Same constructor, methods, results and errors as the Python reference
-        (memory/_allocator.py); blocks are ``accelrt.memory._native.Block`` objects.
+        (memory/device/_allocator.py); blocks are ``accelrt.memory.device._native.Block`` objects.
         """
 
         _Block = module.Block
@@ -60,7 +60,7 @@ def _native_allocator(module: Any) -> type[ReferenceCachingAllocator]:
     return NativeCachingAllocator
 
 
-native, CORE_REASON = load("accelrt.memory._native")
+native, CORE_REASON = load("accelrt.memory.device._native")
 #: "compiled" or "python": which core ``CachingAllocator`` runs (``accelrt info`` shows it).
 CORE = "python" if native is None else "compiled"
 

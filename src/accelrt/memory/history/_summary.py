@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from .._units import format_bytes
+from ..._units import format_bytes
 
 __all__ = ["fit_frame", "format_live_groups", "format_summary"]
 

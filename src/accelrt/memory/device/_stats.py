@@ -4,11 +4,18 @@ A ``Stat`` tracks ``current``, ``peak``, ``allocated`` (sum of increases) and ``
 decreases). A ``StatArray`` is one ``Stat`` each for ``all``, ``small_pool`` and ``large_pool``;
 every update goes to ``all`` and to the block's pool. ``DeviceStats.as_dict`` flattens them into
 ``memory_stats()`` keys ``<name>.<pool>.<metric>`` (mirrors ``torch.cuda.memory_stats``).
+
+Compiled twin: device/_native.pyx ``Stat`` and ``StatArray`` (the same attributes and
+methods; change both).
 """
 
 from __future__ import annotations
 
-__all__ = ["STAT_ARRAY_NAMES", "DeviceStats", "Stat", "StatArray"]
+from typing import Any, Generic, Protocol, TypeVar
+
+from .._atomic import atomic
+
+__all__ = ["STAT_ARRAY_NAMES", "AllocatorStats", "DeviceStats", "Stat", "StatArray", "StatsMethods"]
 
 #: The StatArray names in memory_stats(), as in c10::CachingDeviceAllocator::DeviceStats.
 STAT_ARRAY_NAMES: tuple[str, ...] = (
@@ -134,7 +141,7 @@ class DeviceStats:
         array_type: type[StatArray] | None = None,
     ) -> None:
         """``max_split_size`` in bytes (-1: unset); the compiled core passes its own
-        ``Stat``/``StatArray`` types (memory/_native.pyx), which have the same attributes."""
+        ``Stat``/``StatArray`` types (memory/device/_native.pyx), which have the same attributes."""
         stat_type = stat_type or Stat
         array_type = array_type or StatArray
         self.allocation = array_type()
@@ -193,3 +200,42 @@ def _put(out: dict[str, int], prefix: str, stat: Stat) -> None:
     out[f"{prefix}.peak"] = stat.peak
     out[f"{prefix}.allocated"] = stat.allocated
     out[f"{prefix}.freed"] = stat.freed
+
+
+class AllocatorStats(Protocol):
+    """What an allocator's ``stats`` has: :class:`DeviceStats`, or the host allocator's."""
+
+    def as_dict(self) -> dict[str, int]: ...
+    def reset_peak(self) -> None: ...
+    def reset_accumulated(self) -> None: ...
+
+
+S = TypeVar("S", bound=AllocatorStats)
+
+
+class StatsMethods(Generic[S]):
+    """``memory_stats`` and the resets of a caching allocator (device or host), a base class:
+    the allocator sets ``stats`` and ``_lock``."""
+
+    __slots__ = ()
+    stats: S
+    _lock: Any
+
+    def memory_stats(self) -> dict[str, int]:
+        """Return every statistic as flat keys (``stats.as_dict()``: ``memory_stats()``'s or
+        ``host_memory_stats()``'s)."""
+        with self._lock:
+            return self.stats.as_dict()
+
+    @atomic
+    def reset_peak_memory_stats(self) -> None:
+        """Set every peak to its current value (the host's durations: min and max to 0)."""
+        with self._lock:
+            self.stats.reset_peak()
+
+    @atomic
+    def reset_accumulated_memory_stats(self) -> None:
+        """Zero the allocated/freed sums and the counters (the device's num_* counters; the
+        host's num_host_alloc/num_host_free and its durations' total and count)."""
+        with self._lock:
+            self.stats.reset_accumulated()

@@ -1,5 +1,11 @@
 """``CachingAllocator``: one per device, generic over a backend's raw primitives.
 
+Compiled twin: device/_native.pyx (a file with a compiled sibling: change both). Its
+``HotPath`` repeats, line for line, ``malloc``, ``_get_free_block``, ``_alloc_found_block``
+(with ``_mark_allocated``), ``free``, ``_free_block`` and ``_try_merge`` here, and
+``_requests._request_size``; ``HotPath.run_events`` repeats replay.py's ``_run_chunk``. On the
+compiled core those run, not these (docs/design.md, "Pairs").
+
 The default policy reproduces PyTorch's CUDACachingAllocator (docs/allocator.md sections 1-8):
 requests are rounded and split between a small and a large pool; a request takes the smallest
 free block of its own stream that fits (lowest address first); blocks are split and merged
@@ -7,39 +13,27 @@ inside their segment; frees of blocks used by other streams wait for events reco
 streams; when nothing fits, the malloc ladder grows a segment, releases cached memory and
 retries before raising ``OutOfMemoryError``.
 
-The allocator gets its memory through a :class:`~accelrt.memory._segments.MemorySource`: it asks
-for ordinary segments, or for expandable segments that it grows by mapping pages, and asks them
-back; it never calls the backend's ``malloc``/``free`` itself. Private pools (``MemPool``) are
-pairs of free lists of their own. History is an observer behind one hook (``_observer``).
+The allocator gets its memory through a :class:`~accelrt.memory.device._source.MemorySource`:
+it asks for ordinary segments, or for expandable segments that it grows by mapping pages, and
+asks them back; it never calls the backend's ``malloc``/``free`` itself. Private pools
+(``MemPool``) are pairs of free lists of their own. History is an observer behind one hook
+(``_observer``).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 import threading
 import warnings
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from .._errors import OutOfMemoryError
-from .._units import format_bytes
-from ..backends._base import Backend
-from ._atomic import PENDING, atomic, deliver, protect_sigint, register
-from ._block import DEFAULT_POOL_ID, Block, BlockPool, PoolId
-from ._config import AllocatorConfig
-from ._history import (
-    BlockInfo,
-    ContextMode,
-    EnabledMode,
-    History,
-    SegmentInfo,
-    TraceEntry,
-    frames_to_dicts,
-)
-from ._policy import (
+from ..._errors import OutOfMemoryError
+from ...backends._base import Backend
+from .._atomic import PENDING, atomic, deliver, protect_sigint, register
+from .._config import AllocatorConfig
+from .._policy import (
     K_MIN_BLOCK_SIZE,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
@@ -50,8 +44,29 @@ from ._policy import (
     segment_size,
     should_split,
 )
-from ._segments import AnySegment, ExpandableSegment, MemorySource, Segment
-from ._stats import DeviceStats, Stat, StatArray
+from ..history._history import (
+    BlockInfo,
+    ContextMode,
+    EnabledMode,
+    History,
+    SegmentInfo,
+    TraceEntry,
+    frames_to_dicts,
+)
+from ._block import (
+    DEFAULT_POOL_ID,
+    AnySegment,
+    Block,
+    BlockPool,
+    ExpandableSegment,
+    PoolId,
+    Segment,
+)
+from ._events import StreamEvents
+from ._oom import out_of_memory_error
+from ._requests import _not_allocated, _request_size
+from ._source import MemorySource
+from ._stats import DeviceStats, Stat, StatArray, StatsMethods
 
 __all__ = ["CachingAllocator"]
 
@@ -67,7 +82,7 @@ class _PrivatePool:
         self.owner_alive = True
 
 
-class CachingAllocator:
+class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
     """The caching allocator of one device.
 
     Parameters
@@ -84,11 +99,15 @@ class CachingAllocator:
     -----
     Thread-safe: every public method runs under one lock. Stream arguments are the backend's
     integer stream handles. Blocks are handed out as :class:`Block` objects; callers keep them
-    and give them back to :meth:`free`. Mirrors c10's ``DeviceCachingAllocator``.
+    and give them back to :meth:`free`. Mirrors c10's ``DeviceCachingAllocator``. Frees
+    that wait for other streams are ``StreamEvents``' (device/_events.py), shared with the
+    host allocator.
     """
 
+    _USED_BLOCK = "the block at {:#x} (record_stream)"
+
     #: The types of blocks, free lists, statistics and the map of allocated blocks by address.
-    #: The compiled core (memory/_core.py) supplies compiled ones with the same attributes,
+    #: The compiled core (memory/device/_core.py) supplies compiled ones with the same attributes,
     #: which the code here uses through these names.
     _Block: type[Block] = Block
     _BlockPool: type[BlockPool] = BlockPool
@@ -110,9 +129,9 @@ class CachingAllocator:
         self._routes: dict[int, list[PoolId]] = {}  # thread id -> stack of active pool ids
         self._active: dict[int, Block] = self._ActiveBlocks()
         self._segments: dict[int, AnySegment] = {}
-        self._events: dict[int, deque[tuple[Any, Block]]] = {}
-        self._idle_events: list[Any] = []
-        self._finalized: list[Callable[[], None]] = []  # finalisers' work, run after an op
+        self._events = {}
+        self._idle_events = {}
+        self._finalized = []
         self._reserved = 0
         self._allowed_max: int | None = None
         self._fraction_from_config: float | None = None
@@ -685,23 +704,9 @@ class CachingAllocator:
         if not self._deferred_inside_operation(self._free_if_allocated, block):
             self.free(block)
 
-    def _deferred_inside_operation(self, work: Callable[..., None], *args: Any) -> bool:
-        """For finalisers: if this thread is inside one of this allocator's operations, queue
-        ``work(*args)`` for when it ends and return True; else return False (do it now)."""
-        if not self._lock._is_owned():
-            return False
-        self._finalized.append(functools.partial(work, *args))
-        return True
-
     def _free_if_allocated(self, block: Block) -> None:
         if self._active.get(block.address) is block and block.allocated:
             self.free(block)
-
-    def _free_finalized(self) -> None:
-        """Run what finalisers asked for inside an operation (frees, pools let go)."""
-        work, self._finalized = self._finalized, []
-        for item in work:
-            item()
 
     @atomic
     def record_stream(self, block: Block, stream: int) -> None:
@@ -725,72 +730,17 @@ class CachingAllocator:
                 block.stream_uses = set()
             block.stream_uses.add(stream)
 
-    def _insert_events(self, block: Block) -> None:
-        """Record an event on every other stream that used the block; free it when none is
-        needed. A stream that cannot take an event (destroyed, or a driver error) is waited
-        for instead, if it still exists: the block is never stranded half-freed."""
+    def _take_stream_uses(self, block: Block) -> list[tuple[int, int]]:
         streams = sorted(block.stream_uses or ())
         block.stream_uses = None
-        for stream in streams:
-            try:
-                event = self._event_on(stream)
-            except Exception as exc:
-                self._wait_instead(block, stream, exc)
-                continue
-            block.event_count += 1
-            queue = self._events.get(stream)
-            if queue is None:
-                queue = self._events[stream] = deque()
-            queue.append((event, block))
-        if block.event_count == 0:
-            self._free_block(block)
-
-    def _event_on(self, stream: int) -> Any:
-        event = self._idle_events.pop() if self._idle_events else None
-        if event is None:
-            event = self.backend.event_create(self.device_index, False)
-        try:
-            self.backend.event_record(event, self.device_index, stream)
-        except BaseException:
-            self._idle_events.append(event)
-            raise
-        return event
-
-    def _wait_instead(self, block: Block, stream: int, exc: Exception) -> None:
-        try:
-            self.backend.stream_synchronize(self.device_index, stream)
-            how = "waited for the stream instead"
-        except Exception:
-            how = "the stream is gone: a destroyed stream has finished its work"
-        warnings.warn(
-            f"{self.device_name}: no event could be recorded on stream {stream:#x}, which used "
-            f"the block at {block.address:#x} (record_stream): {exc}; {how}, so the free "
-            "does not wait for it",
-            RuntimeWarning,
-            stacklevel=5,
-        )
-
-    def _process_events(self) -> None:
-        for stream in list(self._events):
-            queue = self._events[stream]
-            while queue:
-                event, block = queue[0]
-                if not self.backend.event_query(event):
-                    break
-                queue.popleft()
-                self._idle_events.append(event)
-                block.event_count -= 1
-                if block.event_count == 0:
-                    self._free_block(block)
-            if not queue:
-                del self._events[stream]
+        return [(self.device_index, stream) for stream in streams]
 
     def _synchronize_and_free_events(self) -> None:
         self.stats.num_sync_all_streams += 1
         for queue in self._events.values():
-            for event, block in queue:
+            for event, block, device_index in queue:
                 self.backend.event_synchronize(event)
-                self._idle_events.append(event)
+                self._idle_events.setdefault(device_index, []).append(event)
                 block.event_count -= 1
                 if block.event_count == 0:
                     self._free_block(block)
@@ -890,9 +840,7 @@ class CachingAllocator:
                     self._release_unused_ranges(pool)
             finally:  # a driver error half-way may have emptied a dropped pool already
                 self._forget_dropped_pools()
-            for event in self._idle_events:
-                self.backend.event_destroy(event)
-            self._idle_events.clear()
+            self._destroy_idle_events()
 
     def _all_pools(self) -> list[BlockPool]:
         pools = [self._large, self._small]
@@ -1016,40 +964,18 @@ class CachingAllocator:
         free, total = self.backend.mem_get_info(self.device_index)
         if self._observer is not None:
             self._observer.record("oom", 0, size, stream, device_free=free)
-        allocated = stats.allocated_bytes.all.current
-        reserved = stats.reserved_bytes.all.current
-        allowed = ""
-        if self._allowed_max is not None:
-            allowed = f" accelrt may use {format_bytes(self._allowed_max)} of it (memory fraction)."
-        if self._expandable:
-            hint = (
-                "expandable segments are already on; free memory or lower the batch size, or "
-                "try ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB>"
-            )
-        elif self._source.supports_expandable:
-            hint = "try ACCELRT_ALLOC_CONF=expandable_segments:True to avoid fragmentation"
-        else:
-            hint = (
-                "try ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB> to avoid fragmentation "
-                f"(expandable segments need virtual memory, which {self.backend.name!r} lacks)"
-            )
-        message = (
-            f"Out of memory on {self.device_name}. Tried to allocate {format_bytes(alloc_size)} "
-            f"(a {format_bytes(nbytes)} request). The device has a total capacity of "
-            f"{format_bytes(total)} of which {format_bytes(free)} is free.{allowed} Of the "
-            f"allocated memory {format_bytes(allocated)} is allocated by accelrt, and "
-            f"{format_bytes(reserved - allocated)} is reserved by accelrt but unallocated. If "
-            f"reserved but unallocated memory is large, {hint}."
-        )
-        return OutOfMemoryError(
-            message,
-            device=self.device_name,
-            requested_bytes=nbytes,
-            allocation_bytes=alloc_size,
-            allocated_bytes=allocated,
-            reserved_bytes=reserved,
-            free_bytes=free,
-            total_bytes=total,
+        return out_of_memory_error(
+            self.device_name,
+            self.backend.name,
+            nbytes,
+            alloc_size,
+            free,
+            total,
+            stats.allocated_bytes.all.current,
+            stats.reserved_bytes.all.current,
+            self._allowed_max,
+            self._expandable,
+            self._source.supports_expandable,
         )
 
     # ------------------------------------------------------------------ private pools
@@ -1216,23 +1142,6 @@ class CachingAllocator:
         }
 
     # ------------------------------------------------------------------ statistics
-    def memory_stats(self) -> dict[str, int]:
-        """Return every statistic as ``memory_stats()`` flat keys (docs/allocator.md section 8)."""
-        with self._lock:
-            return self.stats.as_dict()
-
-    @atomic
-    def reset_peak_memory_stats(self) -> None:
-        """Set every peak to its current value."""
-        with self._lock:
-            self.stats.reset_peak()
-
-    @atomic
-    def reset_accumulated_memory_stats(self) -> None:
-        """Zero the allocated/freed sums and the num_* counters."""
-        with self._lock:
-            self.stats.reset_accumulated()
-
     @property
     def reserved_bytes(self) -> int:
         """Bytes currently held from the device (ordinary segments and mapped pages)."""
@@ -1307,42 +1216,3 @@ def _mapped_runs(blocks: list[Block]) -> list[list[Block]]:
     if current:
         runs.append(current)
     return runs
-
-
-def _request_size(value: Any, memory: str) -> int:
-    """A malloc request's bytes, an int in [1, 2**60]: the one check of every allocator
-    (device, host, compiled). ``memory`` names what no one has that much of.
-
-    Raises
-    ------
-    TypeError
-        If ``value`` is not an integer (``bool`` included).
-    ValueError
-        If it is out of range.
-    """
-    nbytes = value if type(value) is int else _as_size(value)
-    if nbytes < 1 or nbytes > MAX_REQUEST_BYTES:
-        raise ValueError(
-            f"allocation size must be between 1 and 2**60 bytes, got {nbytes}"
-            + (f": no {memory} has that much memory" if nbytes > MAX_REQUEST_BYTES else "")
-        )
-    return nbytes
-
-
-def _not_allocated(device_name: str, address: int) -> ValueError:
-    """The error of a free (or record_stream) of a block this allocator has not handed out."""
-    return ValueError(
-        f"{device_name}: block at {address:#x} is not allocated by this allocator (freed "
-        "twice, or from another device)"
-    )
-
-
-def _as_size(value: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"allocation size must be an int number of bytes, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"allocation size must be an int number of bytes, got {type(value).__name__} {value!r}"
-        ) from None
