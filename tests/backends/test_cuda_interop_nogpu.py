@@ -9,7 +9,6 @@ needs a real GPU is listed in docs/cuda.md.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import sys
 import types
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dlpack_capsules import consume, open_capsule
 from test_cuda_nogpu import SUCCESS, CUevent_flags, FakeDriver, MiB, _Names, _recorded
 
 import accelrt as acc
@@ -202,31 +202,6 @@ def test_other_buffers_have_no_cuda_array_interface(sim: str) -> None:
 
 
 # ---------------------------------------------------------------- DLPack
-def _c_api(name: str, restype: Any, *argtypes: Any) -> Any:
-    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
-
-
-_get_name = _c_api("PyCapsule_GetName", ctypes.c_char_p, ctypes.py_object)
-_get_pointer = _c_api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
-_set_name = _c_api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-
-
-def _open(capsule: Any) -> tuple[bytes, int, Any]:
-    """The capsule's name, struct address and struct, as a consumer reads them."""
-    name = _get_name(capsule)
-    address = _get_pointer(capsule, name)
-    kind = _dlpack.DLManagedTensorVersioned if name.endswith(b"versioned") else None
-    struct = (kind or _dlpack.DLManagedTensor).from_address(address)
-    return name, address, struct
-
-
-def _consume(capsule: Any) -> None:
-    """What a consumer does: rename the capsule, then call the deleter when done."""
-    name, address, struct = _open(capsule)
-    assert _set_name(capsule, b"used_" + name) == 0
-    struct.deleter(address)
-
-
 def test_dlpack_device_is_cuda_and_the_cuda_ordinal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCELRT_VISIBLE_DEVICES", "1")
     _use_fake(GraphDriver(devices=2))
@@ -241,7 +216,7 @@ def test_a_dlpack_capsule_describes_the_buffer_and_keeps_it_alive(gpu: GraphDriv
     buf = acc.empty(3000)
     ptr = buf.ptr
     capsule = buf.__dlpack__()
-    name, _, struct = _open(capsule)
+    name, _, struct = open_capsule(capsule)
     tensor = struct.dl_tensor
     assert name == b"dltensor"
     assert tensor.data == ptr and tensor.ndim == 1 and tensor.shape[0] == 3000
@@ -251,7 +226,7 @@ def test_a_dlpack_capsule_describes_the_buffer_and_keeps_it_alive(gpu: GraphDriv
     del buf
     gc.collect()
     assert acc.memory_allocated() == 3072  # the capsule holds the buffer
-    _consume(capsule)
+    consume(capsule)
     assert _dlpack.live_count() == 0
     del capsule
     gc.collect()
@@ -261,13 +236,13 @@ def test_a_dlpack_capsule_describes_the_buffer_and_keeps_it_alive(gpu: GraphDriv
 def test_a_versioned_capsule_for_dlpack_1_consumers(gpu: GraphDriver) -> None:
     buf = acc.empty(512)
     capsule = buf.__dlpack__(max_version=(1, 2))
-    name, _, struct = _open(capsule)
+    name, _, struct = open_capsule(capsule)
     assert name == b"dltensor_versioned"
     assert (struct.version.major, struct.version.minor) == (1, 0) and struct.flags == 0
     assert struct.dl_tensor.data == buf.ptr and struct.dl_tensor.shape[0] == 512
-    legacy, _, _ = _open(buf.__dlpack__(max_version=(0, 8)))
+    legacy, _, _ = open_capsule(buf.__dlpack__(max_version=(0, 8)))
     assert legacy == b"dltensor"
-    _consume(capsule)
+    consume(capsule)
     assert _dlpack.live_count() == 0
 
 
@@ -286,7 +261,7 @@ def test_dlpack_makes_the_consumer_stream_wait(gpu: GraphDriver) -> None:
     stream = acc.Stream()
     buf = acc.empty(256, stream=stream)
     start = len(gpu.calls)
-    _consume(buf.__dlpack__(stream=0x7777))
+    consume(buf.__dlpack__(stream=0x7777))
     calls = [c for c in gpu.calls[start:] if not c[0].startswith("cuCtx")]
     names = [name for name, _ in calls]
     assert names == ["cuEventCreate", "cuEventRecord", "cuStreamWaitEvent", "cuEventDestroy"]
@@ -295,7 +270,7 @@ def test_dlpack_makes_the_consumer_stream_wait(gpu: GraphDriver) -> None:
     assert calls[1][1] == (event, stream.handle)
     assert calls[2][1] == (0x7777, event, 0)
     start = len(gpu.calls)
-    _consume(buf.__dlpack__(stream=None))  # the legacy default stream (CU_STREAM_LEGACY = 1)
+    consume(buf.__dlpack__(stream=None))  # the legacy default stream (CU_STREAM_LEGACY = 1)
     assert ("cuStreamWaitEvent", (1, gpu.calls[-1][1][0], 0)) in gpu.calls[start:]
 
 
@@ -310,7 +285,7 @@ def test_dlpack_skips_synchronisation_when_it_is_not_needed(gpu: GraphDriver) ->
         on_default.__dlpack__(stream=1),  # legacy default = accelrt's default stream
         on_default.__dlpack__(),
     ):
-        _consume(capsule)
+        consume(capsule)
     assert "cuStreamWaitEvent" not in [name for name, _ in gpu.calls[start:]]
 
 

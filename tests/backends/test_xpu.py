@@ -6,6 +6,7 @@ device (lazy import, the reason ``accelrt info`` gives) run everywhere.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -319,3 +320,31 @@ def test_elapsed_time_around_a_kernel(xpu: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         buf.free()
+
+
+def test_dlpack_exports_usm_memory_as_oneapi(xpu: str) -> None:
+    from dlpack_capsules import consume, open_capsule
+
+    backend: Any = get_backend("xpu")
+    buf = acc.empty(3000)
+    acc.copy_(buf, np.arange(3000, dtype=np.uint8))
+    assert buf.__dlpack_device__() == backend.dlpack_device(0)
+    capsule = buf.__dlpack__(max_version=(1, 0))  # the buffer's stream is synchronized first
+    name, _, struct = open_capsule(capsule)
+    tensor = struct.dl_tensor
+    assert name == b"dltensor_versioned"
+    assert (tensor.device.device_type, tensor.device.device_id) == backend.dlpack_device(0)
+    assert tensor.data == buf.ptr and tensor.ndim == 1 and tensor.shape[0] == 3000
+    # the bytes a consumer reads at that address are the buffer's (USM memory on the CPU)
+    assert bytes((ctypes.c_uint8 * 3000).from_address(tensor.data)) == bytes(
+        np.arange(3000, dtype=np.uint8)
+    )
+    consume(capsule)
+    host_view = np.from_dlpack(buf, device="cpu")  # numpy asks for the host view
+    assert host_view[:4].tolist() == [0, 1, 2, 3]
+    with pytest.raises(BufferError, match=r"not \(2, 0\); accelrt does not copy on export"):
+        buf.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError, match="accelrt does not copy on export"):
+        buf.__dlpack__(copy=True)
+    del host_view
+    buf.free()

@@ -51,7 +51,8 @@ def buffer_view(host: HostBuffer) -> memoryview:
 
 EXPORTS: dict[str, Callable[[Any], Any]] = {
     "numpy": lambda handle: handle.numpy(),
-    "dlpack": np.from_dlpack,
+    # the host view (xpu's own DLPack device is oneAPI's: numpy asks for the CPU one)
+    "dlpack": lambda handle: np.from_dlpack(handle, device="cpu"),
     "slice": lambda handle: handle.numpy()[100:-100][::2],  # a view of a view of the export
 }
 HOST_EXPORTS: dict[str, Callable[[Any], Any]] = {**EXPORTS, "memoryview": buffer_view}
@@ -78,7 +79,7 @@ buf = acc.empty(n) if kind == "device" else acc.empty_host(n)
 if export == "numpy":
     view = buf.numpy()
 elif export == "dlpack":
-    view = np.from_dlpack(buf)
+    view = np.from_dlpack(buf, device="cpu")
 else:  # the buffer protocol: memoryview(buf) from Python 3.12 on
     exported = memoryview(buf) if sys.version_info >= (3, 12) else buf.__buffer__(0)
     view = np.frombuffer(exported, np.uint8)
@@ -199,7 +200,7 @@ def test_exports_dropped_before_free_do_not_defer_it(device: str) -> None:
     buf, host = acc.empty(3000), acc.empty_host(3000)
     for handle in (buf, host):
         handle.numpy()[:] = 1  # a view made and dropped at once, as in filling a buffer
-        np.from_dlpack(handle)  # a capsule made and dropped
+        np.from_dlpack(handle, device="cpu")  # a capsule made and dropped
         handle.free()
     assert acc.memory_allocated() == host_active_bytes() == 0
 

@@ -145,6 +145,10 @@ class _Devices(_DriverCalls):
         """True: every CUDA device is a GPU."""
         return True
 
+    def dlpack_device(self, index: int) -> tuple[int, int]:
+        """Return device ``index`` as DLPack names it: ``(kDLCUDA = 2, its CUDA ordinal)``."""
+        return 2, self.physical_index(index)
+
     def physical_index(self, index: int) -> int:
         """Return the CUDA device ordinal of accelrt device ``index`` (after visibility)."""
         return self._devices()[index]

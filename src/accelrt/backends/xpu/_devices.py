@@ -187,8 +187,8 @@ class _Devices:
 
     def dlpack_device(self, index: int) -> tuple[int, int]:
         """Return device ``index`` as DLPack names it: ``(kDLOneAPI = 14, its index in
-        dpctl.get_devices())``, the pair dpctl and dpnp read in ``__dlpack_device__``.
-        ``Buffer`` does not call it yet: its DLPack export is memory/_buffer.py's."""
+        dpctl.get_devices())``, the pair dpctl and dpnp read in ``__dlpack_device__``
+        (``Buffer.__dlpack_device__`` answers it)."""
         return KDL_ONEAPI, int(self._devices()[index].get_device_id())
 
     def get_device_properties(self, index: int) -> DeviceProperties:

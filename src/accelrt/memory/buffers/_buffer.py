@@ -29,6 +29,10 @@ _B = TypeVar("_B", covariant=True)
 _A = TypeVar("_A", covariant=True)
 
 
+_KDL_ONEAPI = 14
+"""DLPack's device type of oneAPI (SYCL) USM memory: the ``xpu`` backend's."""
+
+
 class _Owning(Protocol[_B, _A]):
     """A memory handle's fields that ``block`` and ``allocator`` read (Buffer, HostBuffer)."""
 
@@ -431,13 +435,15 @@ class _BufferAPI(MemoryHandle):
         }
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """Return the DLPack device: ``(kDLCUDA = 2, CUDA ordinal)`` for CUDA memory, else
-        ``(kDLCPU = 1, 0)`` (host-accessible memory is exported as CPU memory)."""
+        """Return the DLPack device: what the backend's optional ``dlpack_device(index)`` says
+        (``(kDLCUDA = 2, CUDA ordinal)`` on ``cuda``, ``(kDLOneAPI = 14, dpctl device id)`` on
+        ``xpu``), else ``(kDLCPU = 1, 0)`` (host-accessible memory exported as CPU memory)."""
         stream = self._stream
-        if stream._backend.name != "cuda":
+        dlpack_device = getattr(stream._backend, "dlpack_device", None)
+        if dlpack_device is None:
             return (1, 0)
-        physical = getattr(stream._backend, "physical_index", None)
-        return (2, physical(stream._index) if physical is not None else stream._index)
+        kind, device_id = dlpack_device(stream._index)
+        return int(kind), int(device_id)
 
     def __dlpack__(
         self,
@@ -452,17 +458,21 @@ class _BufferAPI(MemoryHandle):
 
         Parameters
         ----------
-        stream : int or None
+        stream : int, dpctl.SyclQueue or None
             CUDA memory: the consumer's stream, as the DLPack protocol defines it: None or 1
             the legacy default stream, 2 the per-thread default stream, another positive int a
             native ``CUstream``, -1 no synchronisation. Unless -1 or the buffer's own stream,
             an event recorded on the buffer's stream is made a dependency of the consumer's
-            stream (no host blocking). Other devices: ignored.
+            stream (no host blocking). oneAPI (``xpu``) memory: the consumer's queue; unless
+            -1, the buffer's stream is synchronized first (the host waits). Other devices:
+            ignored.
         max_version : tuple of (int, int), optional
             The highest DLPack version the consumer understands; (1, 0) or later gives a
             versioned capsule (``"dltensor_versioned"``), None a legacy ``"dltensor"`` one.
         dl_device : tuple of (int, int), optional
-            The device the consumer wants the data on; only ``__dlpack_device__()`` is served.
+            The device the consumer wants the data on; only ``__dlpack_device__()`` is served,
+            and on ``xpu`` also ``(kDLCPU, 0)`` where the memory is host-accessible (as
+            ``numpy()``).
         copy : bool, optional
             True asks for a copy, which accelrt does not make; None and False never copy.
 
@@ -476,7 +486,7 @@ class _BufferAPI(MemoryHandle):
         Raises
         ------
         BufferError
-            CUDA memory: if ``dl_device`` is another device, or ``copy`` is True.
+            CUDA and oneAPI memory: if ``dl_device`` is another device, or ``copy`` is True.
         ValueError
             If the buffer was freed; CUDA memory: if ``stream`` is 0 or below -1 (0 is
             ambiguous and disallowed by the protocol).
@@ -491,7 +501,9 @@ class _BufferAPI(MemoryHandle):
         are the Python array API's.
         """
         device = self.__dlpack_device__()
-        if device[0] != 2:  # numpy's export, as before (it serves dl_device and copy itself)
+        if device[0] == _KDL_ONEAPI and dl_device is not None and tuple(dl_device) == (1, 0):
+            device = (1, 0)  # the consumer asks for the host view (host-accessible USM)
+        if device[0] not in (2, _KDL_ONEAPI):  # numpy's export (it serves dl_device and copy)
             for key, value in (("max_version", max_version), ("dl_device", dl_device)):
                 if value is not None:
                     kwargs[key] = value
@@ -505,6 +517,8 @@ class _BufferAPI(MemoryHandle):
             )
         if copy:
             raise BufferError("accelrt does not copy on export: pass copy=None or False")
+        if device[0] == _KDL_ONEAPI:
+            return self._oneapi_capsule(device, stream, max_version)
         if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
             raise TypeError(f"DLPack stream must be an int or None, got {stream!r}")
         if stream == 0 or (stream is not None and stream < -1):
@@ -529,6 +543,21 @@ class _BufferAPI(MemoryHandle):
         versioned = max_version is not None and tuple(max_version) >= _dlpack.DLPACK_VERSION
         owner = (self, self._export_pin())
         return _dlpack.to_capsule(self.ptr, self.nbytes, 2, device[1], owner, versioned)
+
+    def _oneapi_capsule(
+        self, device: tuple[int, int], stream: Any, max_version: tuple[int, int] | None
+    ) -> Any:
+        """A ``kDLOneAPI`` capsule of USM device memory (``__dlpack__`` on ``xpu``): the
+        consumer's queue (``stream``) gets the memory once the buffer's stream is idle."""
+        if self.nbytes:
+            self.block  # noqa: B018 (raises ValueError if freed)
+        if stream != -1:
+            self._stream.synchronize()
+        from . import _dlpack
+
+        versioned = max_version is not None and tuple(max_version) >= _dlpack.DLPACK_VERSION
+        owner = (self, self._export_pin())
+        return _dlpack.to_capsule(self.ptr, self.nbytes, device[0], device[1], owner, versioned)
 
     def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
