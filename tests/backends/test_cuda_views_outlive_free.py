@@ -14,7 +14,8 @@ import gc
 import types
 
 import pytest
-from test_cuda_interop_nogpu import _consume, gpu  # noqa: F401 (gpu: the fixture)
+from dlpack_capsules import consume
+from test_cuda_interop_nogpu import gpu  # noqa: F401 (gpu: the fixture)
 
 import accelrt as acc
 
@@ -36,7 +37,7 @@ def test_a_freed_buffer_keeps_its_block_until_the_consumer_deletes_the_tensor() 
     assert acc.memory_allocated() == 3072
     other = acc.empty(3000)  # the same size: not the same block while the tensor lives
     assert other.ptr != address
-    _consume(capsule)  # the consumer is done: calls the deleter
+    consume(capsule)  # the consumer is done: calls the deleter
     assert acc.memory_allocated() == 3072
     other.free()
     assert acc.memory_allocated() == 0
