@@ -242,6 +242,8 @@ class Policy:
     chunk_slack: float = 0.01
     views: bool = False
     max_slack: float = 0.10
+    same_first: bool = False
+    align: bool = False
 
 
 ACCELRT = Policy(
@@ -436,36 +438,45 @@ class Device:
         be mapped)."""
         got = 0
         if self.policy.reclaim in ("lru", "mru"):
-            kept = []
-            while got < want and self.lru:
-                key, t, aid, addr = heapq.heappop(self.lru)
-                a = self.by_id[aid]
-                if a.page != page or a.state.get(addr) != S_FREE or a.ftime.get(addr) != t:
-                    if a.page != page and a.state.get(addr) == S_FREE and a.ftime[addr] == t:
+            passes = (exclude.aid, None) if self.policy.same_first else (None,)
+            for only in passes:
+                kept = []
+                while got < want and self.lru:
+                    key, t, aid, addr = heapq.heappop(self.lru)
+                    a = self.by_id[aid]
+                    if a.page != page or a.state.get(addr) != S_FREE or a.ftime.get(addr) != t:
+                        if a.page != page and a.state.get(addr) == S_FREE and a.ftime[addr] == t:
+                            kept.append((key, t, aid, addr))
+                        continue
+                    if (only is not None and aid != only) or (
+                        a is exclude and addr < hi and addr + a.size[addr] > lo
+                    ):
                         kept.append((key, t, aid, addr))
-                    continue
-                if a is exclude and addr < hi and addr + a.size[addr] > lo:
-                    kept.append((key, t, aid, addr))
-                    continue
-                if self.clock - t < self.policy.min_age:
-                    kept.append((key, t, aid, addr))
-                    break
-                got += a.unmap_block(addr, want - got if self.policy.exact else 0)
-            for e in kept:
-                heapq.heappush(self.lru, e)
+                        continue
+                    if self.clock - t < self.policy.min_age:
+                        kept.append((key, t, aid, addr))
+                        break
+                    got += a.unmap_block(addr, want - got if self.policy.exact else 0)
+                for e in kept:
+                    heapq.heappush(self.lru, e)
         else:  # largest (or smallest) first, over every arena of this page size
             cands = []
             for a in self.by_id:
                 if a.page == page:
                     for size, addr in a.free_blocks():
                         if size >= page and not (a is exclude and addr < hi and addr + size > lo):
-                            cands.append((-size, a.aid, addr))
+                            if self.policy.reclaim == "top":  # highest address first
+                                other = self.policy.same_first and a is not exclude
+                                cands.append((other, -addr, a.aid, addr))
+                            else:
+                                cands.append((-size, a.aid, addr))
             cands.sort(reverse=self.policy.reclaim == "smallest")
-            for _, aid, addr in cands:
+            for *_, aid, addr in cands:
                 if got >= want:
                     break
                 if self.by_id[aid].state.get(addr) == S_FREE:
-                    got += self.by_id[aid].unmap_block(addr)
+                    want_here = want - got if self.policy.exact else 0
+                    got += self.by_id[aid].unmap_block(addr, want_here)
 
     def check(self) -> None:
         """Assert the model's invariants: blocks tile each arena; unmapped blocks are whole
@@ -761,7 +772,10 @@ class Arena:
             chunk = self.chunk
             dev = self.dev
             exact = -(-(s - size) // page) * page
-            if chunk and dev.policy.chunk_div:
+            if chunk and dev.policy.align:
+                # expandable segments' growth: up to the next multiple of the chunk in the arena
+                chunk = -(-(u + exact) // chunk) * chunk - u
+            elif chunk and dev.policy.chunk_div:
                 share = dev.reserved // dev.policy.chunk_div // page * page
                 chunk = min(chunk, max(page, share))
             if chunk > exact and dev.policy.chunk_in_budget and dev.policy.slack >= 0:
