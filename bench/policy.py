@@ -244,6 +244,11 @@ class Policy:
     max_slack: float = 0.10
     same_first: bool = False
     align: bool = False
+    adapt_after: float = -1.0
+    reserve_pages: int = 0
+    floor_budget: bool = False
+    floor_slack: float = 0.0
+    keep_small: bool = False
 
 
 ACCELRT = Policy(
@@ -319,6 +324,7 @@ class Device:
         self.capacity = SIM_CAPACITY
         self.allow = 0  # the budget's growth (adapt_div)
         self.retries = 0
+        self.live_small = self.live_large = self.floor_peak = 0
         self.adoptions = 0
         self.grows = 0  # mallocs that grew an arena (the slow path, besides adoptions)
         # views: physical page ids and their mappings
@@ -339,6 +345,23 @@ class Device:
             self.by_id.append(a)
         return a
 
+    def budget(self) -> int:
+        """floor_budget: the high-water mark of the live rounded bytes in whole pages of
+        expandable segments (large in 20 MiB, small in 2 MiB): expandable segments can never
+        reserve less, so reserving up to it can never take a trace above them."""
+        return self.floor_peak + int(self.policy.floor_slack * self.peak_requested)
+
+    def note_live(self, s: int, sign: int) -> None:
+        if s <= SMALL:
+            self.live_small += sign * s
+        else:
+            self.live_large += sign * s
+        if sign > 0:
+            big = LARGE_PAGE_EXPANDABLE
+            f = -(-self.live_large // big) * big + -(-self.live_small // PAGE) * PAGE
+            if f > self.floor_peak:
+                self.floor_peak = f
+
     def obtain(self, page: int, nbytes: int, exclude: Arena, lo: int, hi: int) -> None:
         """Provide ``nbytes`` of physical pages of size ``page`` for a map: from the pool,
         then (policy) by unmapping idle cached pages, then by creating pages."""
@@ -347,14 +370,16 @@ class Device:
         if have < nbytes and p.reclaim != "none":
             over = self.reserved + nbytes - have
             if p.slack >= 0:
-                go = over > (1.0 + p.slack) * self.peak_requested + self.allow
+                budget = self.budget() if p.floor_budget else (1.0 + p.slack) * self.peak_requested
+                budget += self.allow
+                go = over > budget + p.reserve_pages * PAGE
             else:
                 go = p.reclaim_below_peak or over > self.peak
             if go and (not p.budget or self.reclaim_maps < self.grow_maps):
                 self.reclaim(page, nbytes - have, exclude, lo, hi)
                 if self.pool.get(page, 0) > have:
                     self.reclaim_maps += 1
-                    if p.adapt_div:
+                    if p.adapt_div and self.reclaim_maps > p.adapt_after * self.grow_maps:
                         cap = int(p.max_slack * self.peak_requested)
                         self.allow = min(self.allow + nbytes // p.adapt_div, cap)
                 have = self.pool.get(page, 0)
@@ -448,8 +473,10 @@ class Device:
                         if a.page != page and a.state.get(addr) == S_FREE and a.ftime[addr] == t:
                             kept.append((key, t, aid, addr))
                         continue
-                    if (only is not None and aid != only) or (
-                        a is exclude and addr < hi and addr + a.size[addr] > lo
+                    if (
+                        (only is not None and aid != only)
+                        or (a is exclude and addr < hi and addr + a.size[addr] > lo)
+                        or (self.policy.keep_small and a.small and not exclude.small)
                     ):
                         kept.append((key, t, aid, addr))
                         continue
@@ -542,6 +569,7 @@ class Arena:
     def __init__(self, dev: Device, aid: int, page: int, growable_walk: bool, small: bool) -> None:
         self.dev, self.aid, self.page, self.walk = dev, aid, page, growable_walk
         self.chunk = 0 if small else dev.policy.chunk
+        self.small = small
         self.mapped = 0  # bytes of pages mapped in this arena
         self.size: dict[int, int] = {0: VA_SPAN}
         self.state: dict[int, int] = {0: S_UNMAPPED}
@@ -780,7 +808,10 @@ class Arena:
                 chunk = min(chunk, max(page, share))
             if chunk > exact and dev.policy.chunk_in_budget and dev.policy.slack >= 0:
                 # map beyond the request only while reserved stays within the budget
-                room = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested) - dev.reserved
+                if dev.policy.floor_budget:
+                    room = dev.budget() - dev.reserved
+                else:
+                    room = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested) - dev.reserved
                 room -= dev.pool.get(page, 0)
                 chunk = min(chunk, max(exact, room // page * page))
             need = min(self.size[u], max(exact, chunk))
@@ -868,11 +899,13 @@ def run_model(t: TraceArrays, policy: Policy, check: int = 0) -> ModelResult:
             a = arenas.get(key)
             if a is None:
                 a = arenas[key] = dev.arena(st, s <= SMALL)
+            dev.note_live(s, 1)
             where[k] = (a, a.malloc(s, st if adopt else 0))
         elif o == FREE:
             a, addr = where.pop(k)
             a.free_block(addr)
             dev.requested -= size[i]
+            dev.note_live(round_size(size[i]), -1)
         else:
             dev.empty_cache()
         if check and i % check == 0:
