@@ -248,7 +248,9 @@ class Policy:
     reserve_pages: int = 0
     floor_budget: bool = False
     floor_slack: float = 0.0
-    keep_small: bool = False
+    keep_small: int = 0
+    floor_or_slack: bool = False
+    floor_slack_mul: float = 1.0
 
 
 ACCELRT = Policy(
@@ -349,7 +351,11 @@ class Device:
         """floor_budget: the high-water mark of the live rounded bytes in whole pages of
         expandable segments (large in 20 MiB, small in 2 MiB): expandable segments can never
         reserve less, so reserving up to it can never take a trace above them."""
-        return self.floor_peak + int(self.policy.floor_slack * self.peak_requested)
+        p = self.policy
+        b = self.floor_peak + int(p.floor_slack * p.floor_slack_mul * self.peak_requested)
+        if p.floor_or_slack:
+            b = max(b, int((1.0 + p.slack) * self.peak_requested))
+        return b
 
     def note_live(self, s: int, sign: int) -> None:
         if s <= SMALL:
@@ -476,7 +482,12 @@ class Device:
                     if (
                         (only is not None and aid != only)
                         or (a is exclude and addr < hi and addr + a.size[addr] > lo)
-                        or (self.policy.keep_small and a.small and not exclude.small)
+                        or (
+                            self.policy.keep_small
+                            and a.small
+                            and not exclude.small
+                            and a.mapped - a.live < (self.policy.keep_small + 1) * page
+                        )
                     ):
                         kept.append((key, t, aid, addr))
                         continue
@@ -570,6 +581,7 @@ class Arena:
         self.dev, self.aid, self.page, self.walk = dev, aid, page, growable_walk
         self.chunk = 0 if small else dev.policy.chunk
         self.small = small
+        self.live = 0  # bytes of allocated blocks
         self.mapped = 0  # bytes of pages mapped in this arena
         self.size: dict[int, int] = {0: VA_SPAN}
         self.state: dict[int, int] = {0: S_UNMAPPED}
@@ -717,6 +729,7 @@ class Arena:
             self._put_merged(addr + s, size - s, S_FREE, stream)
             size = s
         self._add(addr, size, S_ALLOC, stream)
+        self.live += size
         if self.views:
             self._claim(addr, size, 1)
             self.dev.taken.clear()
@@ -835,6 +848,7 @@ class Arena:
 
     def free_block(self, addr: int) -> None:
         size, _, owner = self._remove(addr)
+        self.live -= size
         if self.views:
             self._claim(addr, size, -1)
         self._put_merged(addr, size, S_FREE, owner)
