@@ -250,6 +250,7 @@ class Policy:
     floor_slack: float = 0.0
     keep_small: int = 0
     floor_or_slack: bool = False
+    stop_after: float = -1.0
     floor_slack_mul: float = 1.0
 
 
@@ -381,6 +382,8 @@ class Device:
                 go = over > budget + p.reserve_pages * PAGE
             else:
                 go = p.reclaim_below_peak or over > self.peak
+            if p.stop_after >= 0 and self.reclaim_maps > p.stop_after * self.grow_maps:
+                go = False
             if go and (not p.budget or self.reclaim_maps < self.grow_maps):
                 self.reclaim(page, nbytes - have, exclude, lo, hi)
                 if self.pool.get(page, 0) > have:
