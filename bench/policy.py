@@ -263,7 +263,25 @@ ACCELRT = Policy(
     growable_walk=True,
     slack=0.01,
 )
-"""The candidate for ``policy:accelrt`` (docs/policy-draft.md)."""
+"""The first candidate for ``policy:accelrt`` (docs/policy-draft.md, kept for comparison)."""
+
+ACCELRT2 = dataclasses.replace(
+    ACCELRT,
+    name="accelrt2",
+    same_first=True,
+    floor_budget=True,
+    floor_or_slack=True,
+    slack=0.005,
+    chunk_in_budget=True,
+    chunk_slack=0.0,
+    chunk_div=0,
+    align=True,
+    keep_small=1,
+)
+"""The candidate for ``policy:accelrt`` (docs/policy-draft.md): ``accelrt`` with the budget
+max(expandable segments' page floor of live bytes, 1.005 x H), growth as expandable segments
+(to the next 20 MiB boundary) only within that budget, reclaims from the requesting arena
+first, and a small arena's last idle page kept from large arenas."""
 
 POLICIES = {
     p.name: p
@@ -280,6 +298,7 @@ POLICIES = {
         Policy("exact+chunk20", exact=True, chunk=LARGE_PAGE_EXPANDABLE),
         # the candidate (policy:accelrt) and its variants
         ACCELRT,
+        ACCELRT2,
         dataclasses.replace(ACCELRT, name="accelrt/shared", streams="shared"),
         dataclasses.replace(ACCELRT, name="accelrt/arena", streams="arena"),
         dataclasses.replace(ACCELRT, name="accelrt/0.5%", slack=0.005),
@@ -299,6 +318,7 @@ DEFAULT_POLICIES = (
     "pages2m",
     "shared+reclaim",
     "accelrt",
+    "accelrt2",
     "accelrt/arena",
     "accelrt/tight",
     "accelrt/adapt",
@@ -825,7 +845,8 @@ class Arena:
             if chunk > exact and dev.policy.chunk_in_budget and dev.policy.slack >= 0:
                 # map beyond the request only while reserved stays within the budget
                 if dev.policy.floor_budget:
-                    room = dev.budget() - dev.reserved
+                    chunk_budget = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested)
+                    room = max(dev.budget(), chunk_budget) - dev.reserved
                 else:
                     room = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested) - dev.reserved
                 room -= dev.pool.get(page, 0)
