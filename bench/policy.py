@@ -221,6 +221,33 @@ class Policy:
     growable_walk : bool
         PyTorch's walk to a candidate with a smaller growable size (docs/allocator.md
         section 3); else plain best fit.
+    same_first : bool
+        Reclaim from the requesting arena's free blocks first, then from every arena.
+    align : bool
+        With ``chunk``: grow a large arena up to the next multiple of ``chunk`` in its address
+        space (expandable segments' 20 MiB pages) instead of ``max(exact, chunk)``.
+    adapt_after : float
+        With ``adapt_div``: grow the budget only once reclaiming maps outnumber
+        ``adapt_after`` x the creating maps.
+    reserve_pages : int
+        Reclaim only above the budget plus this many pages.
+    floor_budget, floor_slack, floor_or_slack : bool, float, bool
+        The budget is the high-water mark of expandable segments' page floor of the live
+        bytes (large in 20 MiB pages, small in 2 MiB) plus ``floor_slack`` x the peak of
+        requested bytes; with ``floor_or_slack``, at least (1 + ``slack``) x that peak.
+        ``chunk_in_budget`` then limits chunks to max(budget, (1 + ``chunk_slack``) x peak).
+    keep_small : int
+        A large arena's reclaim skips a small arena with fewer than ``keep_small + 1`` pages
+        of idle bytes (mapped minus allocated).
+    stop_after : float
+        >= 0: stop reclaiming for good once reclaiming maps exceed this x creating maps.
+    move_max_share, move_max_min, move_max_after : float, int, float
+        Create instead of reclaiming for a map larger than ``move_max_share`` x reserved (and
+        at least ``move_max_min`` bytes, once reclaiming maps reach ``move_max_after`` x
+        creating maps).
+    restitch_min : int
+        > 0: a request of a rounded size (at least this) that a reclaim has served before
+        creates pages instead (GMLake: a size is stitched once, then reused).
     """
 
     name: str
@@ -251,6 +278,10 @@ class Policy:
     keep_small: int = 0
     floor_or_slack: bool = False
     stop_after: float = -1.0
+    move_max_share: float = 0.0
+    restitch_min: int = 0
+    move_max_min: int = 0
+    move_max_after: float = 0.0
     floor_slack_mul: float = 1.0
 
 
@@ -348,6 +379,8 @@ class Device:
         self.allow = 0  # the budget's growth (adapt_div)
         self.retries = 0
         self.live_small = self.live_large = self.floor_peak = 0
+        self.cur_s = 0  # the rounded size of the malloc being served
+        self.stitched: set[int] = set()  # sizes a reclaim has served (restitch_min)
         self.adoptions = 0
         self.grows = 0  # mallocs that grew an arena (the slow path, besides adoptions)
         # views: physical page ids and their mappings
@@ -404,6 +437,18 @@ class Device:
                 go = p.reclaim_below_peak or over > self.peak
             if p.stop_after >= 0 and self.reclaim_maps > p.stop_after * self.grow_maps:
                 go = False
+            if (
+                p.move_max_share
+                and nbytes > p.move_max_share * self.reserved
+                and nbytes >= p.move_max_min
+                and self.reclaim_maps >= p.move_max_after * self.grow_maps
+            ):
+                go = False
+            if go and p.restitch_min and self.cur_s >= p.restitch_min:
+                if self.cur_s in self.stitched:
+                    go = False  # stitched for this size before: grow (the next one is a hit)
+                else:
+                    self.stitched.add(self.cur_s)
             if go and (not p.budget or self.reclaim_maps < self.grow_maps):
                 self.reclaim(page, nbytes - have, exclude, lo, hi)
                 if self.pool.get(page, 0) > have:
@@ -742,6 +787,7 @@ class Arena:
 
     # malloc / free
     def malloc(self, s: int, stream: int = 0) -> int:
+        self.dev.cur_s = s
         addr = self._find(s, stream)
         if addr is None and self.dev.policy.streams == "adopt":
             addr = self._adopt(s, stream)
