@@ -235,7 +235,8 @@ class Policy:
         The budget is the high-water mark of expandable segments' page floor of the live
         bytes (large in 20 MiB pages, small in 2 MiB) plus ``floor_slack`` x the peak of
         requested bytes; with ``floor_or_slack``, at least (1 + ``slack``) x that peak.
-        ``chunk_in_budget`` then limits chunks to max(budget, (1 + ``chunk_slack``) x peak).
+        ``chunk_in_budget`` then limits chunks to max(budget, (1 + ``chunk_slack``) x peak
+        + ``chunk_abs``).
     keep_small : int
         A large arena's reclaim skips a small arena with fewer than ``keep_small + 1`` pages
         of idle bytes (mapped minus allocated).
@@ -280,6 +281,7 @@ class Policy:
     stop_after: float = -1.0
     move_max_share: float = 0.0
     restitch_min: int = 0
+    chunk_abs: int = 0
     move_max_min: int = 0
     move_max_after: float = 0.0
     floor_slack_mul: float = 1.0
@@ -305,14 +307,15 @@ ACCELRT2 = dataclasses.replace(
     slack=0.005,
     chunk_in_budget=True,
     chunk_slack=0.0,
+    chunk_abs=LARGE_PAGE_EXPANDABLE,
     chunk_div=0,
     align=True,
     keep_small=1,
 )
 """The candidate for ``policy:accelrt`` (docs/policy-draft.md): ``accelrt`` with the budget
 max(expandable segments' page floor of live bytes, 1.005 x H), growth as expandable segments
-(to the next 20 MiB boundary) only within that budget, reclaims from the requesting arena
-first, and a small arena's last idle page kept from large arenas."""
+(to the next 20 MiB boundary) only within max(that budget, H + 20 MiB), reclaims from the
+requesting arena first, and a small arena's last idle page kept from large arenas."""
 
 POLICIES = {
     p.name: p
@@ -892,6 +895,7 @@ class Arena:
                 # map beyond the request only while reserved stays within the budget
                 if dev.policy.floor_budget:
                     chunk_budget = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested)
+                    chunk_budget += dev.policy.chunk_abs
                     room = max(dev.budget(), chunk_budget) - dev.reserved
                 else:
                     room = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested) - dev.reserved
