@@ -246,6 +246,10 @@ class Policy:
         Create instead of reclaiming for a map larger than ``move_max_share`` x reserved (and
         at least ``move_max_min`` bytes, once reclaiming maps reach ``move_max_after`` x
         creating maps).
+    chunk_abs : int
+        Added to the chunk's limit of ``chunk_in_budget`` with ``floor_budget``.
+    adapt_min_share : float
+        With ``adapt_div``: only maps of at least this share of reserved grow the budget.
     restitch_min : int
         > 0: a request of a rounded size (at least this) that a reclaim has served before
         creates pages instead (GMLake: a size is stitched once, then reused).
@@ -282,6 +286,7 @@ class Policy:
     move_max_share: float = 0.0
     restitch_min: int = 0
     chunk_abs: int = 0
+    adapt_min_share: float = 0.0
     move_max_min: int = 0
     move_max_after: float = 0.0
     floor_slack_mul: float = 1.0
@@ -312,10 +317,16 @@ ACCELRT2 = dataclasses.replace(
     align=True,
     keep_small=1,
 )
-"""The candidate for ``policy:accelrt`` (docs/policy-draft.md): ``accelrt`` with the budget
-max(expandable segments' page floor of live bytes, 1.005 x H), growth as expandable segments
-(to the next 20 MiB boundary) only within max(that budget, H + 20 MiB), reclaims from the
-requesting arena first, and a small arena's last idle page kept from large arenas."""
+"""``accelrt`` with the budget max(expandable segments' page floor of live bytes, 1.005 x H),
+growth as expandable segments (to the next 20 MiB boundary) only within max(that budget,
+H + 20 MiB), reclaims from the requesting arena first, and a small arena's last idle page
+kept from large arenas."""
+
+ACCELRT3 = dataclasses.replace(ACCELRT2, name="accelrt3", adapt_div=1, adapt_min_share=1 / 3)
+"""The candidate for ``policy:accelrt`` (docs/policy-draft.md): ``accelrt2``, and a move for a
+map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H):
+a trace whose largest tensors have to be stitched anew keeps room as expandable segments
+would, instead of stitching them every iteration."""
 
 POLICIES = {
     p.name: p
@@ -333,6 +344,7 @@ POLICIES = {
         # the candidate (policy:accelrt) and its variants
         ACCELRT,
         ACCELRT2,
+        ACCELRT3,
         dataclasses.replace(ACCELRT, name="accelrt/shared", streams="shared"),
         dataclasses.replace(ACCELRT, name="accelrt/arena", streams="arena"),
         dataclasses.replace(ACCELRT, name="accelrt/0.5%", slack=0.005),
@@ -353,6 +365,7 @@ DEFAULT_POLICIES = (
     "shared+reclaim",
     "accelrt",
     "accelrt2",
+    "accelrt3",
     "accelrt/arena",
     "accelrt/tight",
     "accelrt/adapt",
@@ -456,7 +469,11 @@ class Device:
                 self.reclaim(page, nbytes - have, exclude, lo, hi)
                 if self.pool.get(page, 0) > have:
                     self.reclaim_maps += 1
-                    if p.adapt_div and self.reclaim_maps > p.adapt_after * self.grow_maps:
+                    if (
+                        p.adapt_div
+                        and self.reclaim_maps > p.adapt_after * self.grow_maps
+                        and nbytes >= p.adapt_min_share * self.reserved
+                    ):
                         cap = int(p.max_slack * self.peak_requested)
                         self.allow = min(self.allow + nbytes // p.adapt_div, cap)
                 have = self.pool.get(page, 0)
