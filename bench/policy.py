@@ -221,6 +221,38 @@ class Policy:
     growable_walk : bool
         PyTorch's walk to a candidate with a smaller growable size (docs/allocator.md
         section 3); else plain best fit.
+    same_first : bool
+        Reclaim from the requesting arena's free blocks first, then from every arena.
+    align : bool
+        With ``chunk``: grow a large arena up to the next multiple of ``chunk`` in its address
+        space (expandable segments' 20 MiB pages) instead of ``max(exact, chunk)``.
+    adapt_after : float
+        With ``adapt_div``: grow the budget only once reclaiming maps outnumber
+        ``adapt_after`` x the creating maps.
+    reserve_pages : int
+        Reclaim only above the budget plus this many pages.
+    floor_budget, floor_slack, floor_or_slack : bool, float, bool
+        The budget is the high-water mark of expandable segments' page floor of the live
+        bytes (large in 20 MiB pages, small in 2 MiB) plus ``floor_slack`` x the peak of
+        requested bytes; with ``floor_or_slack``, at least (1 + ``slack``) x that peak.
+        ``chunk_in_budget`` then limits chunks to max(budget, (1 + ``chunk_slack``) x peak
+        + ``chunk_abs``).
+    keep_small : int
+        A large arena's reclaim skips a small arena with fewer than ``keep_small + 1`` pages
+        of idle bytes (mapped minus allocated).
+    stop_after : float
+        >= 0: stop reclaiming for good once reclaiming maps exceed this x creating maps.
+    move_max_share, move_max_min, move_max_after : float, int, float
+        Create instead of reclaiming for a map larger than ``move_max_share`` x reserved (and
+        at least ``move_max_min`` bytes, once reclaiming maps reach ``move_max_after`` x
+        creating maps).
+    chunk_abs : int
+        Added to the chunk's limit of ``chunk_in_budget`` with ``floor_budget``.
+    adapt_min_share : float
+        With ``adapt_div``: only maps of at least this share of reserved grow the budget.
+    restitch_min : int
+        > 0: a request of a rounded size (at least this) that a reclaim has served before
+        creates pages instead (GMLake: a size is stitched once, then reused).
     """
 
     name: str
@@ -242,6 +274,22 @@ class Policy:
     chunk_slack: float = 0.01
     views: bool = False
     max_slack: float = 0.10
+    same_first: bool = False
+    align: bool = False
+    adapt_after: float = -1.0
+    reserve_pages: int = 0
+    floor_budget: bool = False
+    floor_slack: float = 0.0
+    keep_small: int = 0
+    floor_or_slack: bool = False
+    stop_after: float = -1.0
+    move_max_share: float = 0.0
+    restitch_min: int = 0
+    chunk_abs: int = 0
+    adapt_min_share: float = 0.0
+    move_max_min: int = 0
+    move_max_after: float = 0.0
+    floor_slack_mul: float = 1.0
 
 
 ACCELRT = Policy(
@@ -253,7 +301,32 @@ ACCELRT = Policy(
     growable_walk=True,
     slack=0.01,
 )
-"""The candidate for ``policy:accelrt`` (docs/policy-draft.md)."""
+"""The first candidate for ``policy:accelrt`` (docs/policy-draft.md, kept for comparison)."""
+
+ACCELRT2 = dataclasses.replace(
+    ACCELRT,
+    name="accelrt2",
+    same_first=True,
+    floor_budget=True,
+    floor_or_slack=True,
+    slack=0.005,
+    chunk_in_budget=True,
+    chunk_slack=0.0,
+    chunk_abs=LARGE_PAGE_EXPANDABLE,
+    chunk_div=0,
+    align=True,
+    keep_small=1,
+)
+"""``accelrt`` with the budget max(expandable segments' page floor of live bytes, 1.005 x H),
+growth as expandable segments (to the next 20 MiB boundary) only within max(that budget,
+H + 20 MiB), reclaims from the requesting arena first, and a small arena's last idle page
+kept from large arenas."""
+
+ACCELRT3 = dataclasses.replace(ACCELRT2, name="accelrt3", adapt_div=1, adapt_min_share=1 / 3)
+"""The candidate for ``policy:accelrt`` (docs/policy-draft.md): ``accelrt2``, and a move for a
+map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H):
+a trace whose largest tensors have to be stitched anew keeps room as expandable segments
+would, instead of stitching them every iteration."""
 
 POLICIES = {
     p.name: p
@@ -270,6 +343,8 @@ POLICIES = {
         Policy("exact+chunk20", exact=True, chunk=LARGE_PAGE_EXPANDABLE),
         # the candidate (policy:accelrt) and its variants
         ACCELRT,
+        ACCELRT2,
+        ACCELRT3,
         dataclasses.replace(ACCELRT, name="accelrt/shared", streams="shared"),
         dataclasses.replace(ACCELRT, name="accelrt/arena", streams="arena"),
         dataclasses.replace(ACCELRT, name="accelrt/0.5%", slack=0.005),
@@ -289,6 +364,8 @@ DEFAULT_POLICIES = (
     "pages2m",
     "shared+reclaim",
     "accelrt",
+    "accelrt2",
+    "accelrt3",
     "accelrt/arena",
     "accelrt/tight",
     "accelrt/adapt",
@@ -317,6 +394,9 @@ class Device:
         self.capacity = SIM_CAPACITY
         self.allow = 0  # the budget's growth (adapt_div)
         self.retries = 0
+        self.live_small = self.live_large = self.floor_peak = 0
+        self.cur_s = 0  # the rounded size of the malloc being served
+        self.stitched: set[int] = set()  # sizes a reclaim has served (restitch_min)
         self.adoptions = 0
         self.grows = 0  # mallocs that grew an arena (the slow path, besides adoptions)
         # views: physical page ids and their mappings
@@ -337,6 +417,27 @@ class Device:
             self.by_id.append(a)
         return a
 
+    def budget(self) -> int:
+        """floor_budget: the high-water mark of the live rounded bytes in whole pages of
+        expandable segments (large in 20 MiB, small in 2 MiB): expandable segments can never
+        reserve less, so reserving up to it can never take a trace above them."""
+        p = self.policy
+        b = self.floor_peak + int(p.floor_slack * p.floor_slack_mul * self.peak_requested)
+        if p.floor_or_slack:
+            b = max(b, int((1.0 + p.slack) * self.peak_requested))
+        return b
+
+    def note_live(self, s: int, sign: int) -> None:
+        if s <= SMALL:
+            self.live_small += sign * s
+        else:
+            self.live_large += sign * s
+        if sign > 0:
+            big = LARGE_PAGE_EXPANDABLE
+            f = -(-self.live_large // big) * big + -(-self.live_small // PAGE) * PAGE
+            if f > self.floor_peak:
+                self.floor_peak = f
+
     def obtain(self, page: int, nbytes: int, exclude: Arena, lo: int, hi: int) -> None:
         """Provide ``nbytes`` of physical pages of size ``page`` for a map: from the pool,
         then (policy) by unmapping idle cached pages, then by creating pages."""
@@ -345,14 +446,34 @@ class Device:
         if have < nbytes and p.reclaim != "none":
             over = self.reserved + nbytes - have
             if p.slack >= 0:
-                go = over > (1.0 + p.slack) * self.peak_requested + self.allow
+                budget = self.budget() if p.floor_budget else (1.0 + p.slack) * self.peak_requested
+                budget += self.allow
+                go = over > budget + p.reserve_pages * PAGE
             else:
                 go = p.reclaim_below_peak or over > self.peak
+            if p.stop_after >= 0 and self.reclaim_maps > p.stop_after * self.grow_maps:
+                go = False
+            if (
+                p.move_max_share
+                and nbytes > p.move_max_share * self.reserved
+                and nbytes >= p.move_max_min
+                and self.reclaim_maps >= p.move_max_after * self.grow_maps
+            ):
+                go = False
+            if go and p.restitch_min and self.cur_s >= p.restitch_min:
+                if self.cur_s in self.stitched:
+                    go = False  # stitched for this size before: grow (the next one is a hit)
+                else:
+                    self.stitched.add(self.cur_s)
             if go and (not p.budget or self.reclaim_maps < self.grow_maps):
                 self.reclaim(page, nbytes - have, exclude, lo, hi)
                 if self.pool.get(page, 0) > have:
                     self.reclaim_maps += 1
-                    if p.adapt_div:
+                    if (
+                        p.adapt_div
+                        and self.reclaim_maps > p.adapt_after * self.grow_maps
+                        and nbytes >= p.adapt_min_share * self.reserved
+                    ):
                         cap = int(p.max_slack * self.peak_requested)
                         self.allow = min(self.allow + nbytes // p.adapt_div, cap)
                 have = self.pool.get(page, 0)
@@ -436,36 +557,52 @@ class Device:
         be mapped)."""
         got = 0
         if self.policy.reclaim in ("lru", "mru"):
-            kept = []
-            while got < want and self.lru:
-                key, t, aid, addr = heapq.heappop(self.lru)
-                a = self.by_id[aid]
-                if a.page != page or a.state.get(addr) != S_FREE or a.ftime.get(addr) != t:
-                    if a.page != page and a.state.get(addr) == S_FREE and a.ftime[addr] == t:
+            passes = (exclude.aid, None) if self.policy.same_first else (None,)
+            for only in passes:
+                kept = []
+                while got < want and self.lru:
+                    key, t, aid, addr = heapq.heappop(self.lru)
+                    a = self.by_id[aid]
+                    if a.page != page or a.state.get(addr) != S_FREE or a.ftime.get(addr) != t:
+                        if a.page != page and a.state.get(addr) == S_FREE and a.ftime[addr] == t:
+                            kept.append((key, t, aid, addr))
+                        continue
+                    if (
+                        (only is not None and aid != only)
+                        or (a is exclude and addr < hi and addr + a.size[addr] > lo)
+                        or (
+                            self.policy.keep_small
+                            and a.small
+                            and not exclude.small
+                            and a.mapped - a.live < (self.policy.keep_small + 1) * page
+                        )
+                    ):
                         kept.append((key, t, aid, addr))
-                    continue
-                if a is exclude and addr < hi and addr + a.size[addr] > lo:
-                    kept.append((key, t, aid, addr))
-                    continue
-                if self.clock - t < self.policy.min_age:
-                    kept.append((key, t, aid, addr))
-                    break
-                got += a.unmap_block(addr, want - got if self.policy.exact else 0)
-            for e in kept:
-                heapq.heappush(self.lru, e)
+                        continue
+                    if self.clock - t < self.policy.min_age:
+                        kept.append((key, t, aid, addr))
+                        break
+                    got += a.unmap_block(addr, want - got if self.policy.exact else 0)
+                for e in kept:
+                    heapq.heappush(self.lru, e)
         else:  # largest (or smallest) first, over every arena of this page size
             cands = []
             for a in self.by_id:
                 if a.page == page:
                     for size, addr in a.free_blocks():
                         if size >= page and not (a is exclude and addr < hi and addr + size > lo):
-                            cands.append((-size, a.aid, addr))
+                            if self.policy.reclaim == "top":  # highest address first
+                                other = self.policy.same_first and a is not exclude
+                                cands.append((other, -addr, a.aid, addr))
+                            else:
+                                cands.append((-size, a.aid, addr))
             cands.sort(reverse=self.policy.reclaim == "smallest")
-            for _, aid, addr in cands:
+            for *_, aid, addr in cands:
                 if got >= want:
                     break
                 if self.by_id[aid].state.get(addr) == S_FREE:
-                    got += self.by_id[aid].unmap_block(addr)
+                    want_here = want - got if self.policy.exact else 0
+                    got += self.by_id[aid].unmap_block(addr, want_here)
 
     def check(self) -> None:
         """Assert the model's invariants: blocks tile each arena; unmapped blocks are whole
@@ -531,6 +668,8 @@ class Arena:
     def __init__(self, dev: Device, aid: int, page: int, growable_walk: bool, small: bool) -> None:
         self.dev, self.aid, self.page, self.walk = dev, aid, page, growable_walk
         self.chunk = 0 if small else dev.policy.chunk
+        self.small = small
+        self.live = 0  # bytes of allocated blocks
         self.mapped = 0  # bytes of pages mapped in this arena
         self.size: dict[int, int] = {0: VA_SPAN}
         self.state: dict[int, int] = {0: S_UNMAPPED}
@@ -668,6 +807,7 @@ class Arena:
 
     # malloc / free
     def malloc(self, s: int, stream: int = 0) -> int:
+        self.dev.cur_s = s
         addr = self._find(s, stream)
         if addr is None and self.dev.policy.streams == "adopt":
             addr = self._adopt(s, stream)
@@ -678,6 +818,7 @@ class Arena:
             self._put_merged(addr + s, size - s, S_FREE, stream)
             size = s
         self._add(addr, size, S_ALLOC, stream)
+        self.live += size
         if self.views:
             self._claim(addr, size, 1)
             self.dev.taken.clear()
@@ -761,12 +902,20 @@ class Arena:
             chunk = self.chunk
             dev = self.dev
             exact = -(-(s - size) // page) * page
-            if chunk and dev.policy.chunk_div:
+            if chunk and dev.policy.align:
+                # expandable segments' growth: up to the next multiple of the chunk in the arena
+                chunk = -(-(u + exact) // chunk) * chunk - u
+            elif chunk and dev.policy.chunk_div:
                 share = dev.reserved // dev.policy.chunk_div // page * page
                 chunk = min(chunk, max(page, share))
             if chunk > exact and dev.policy.chunk_in_budget and dev.policy.slack >= 0:
                 # map beyond the request only while reserved stays within the budget
-                room = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested) - dev.reserved
+                if dev.policy.floor_budget:
+                    chunk_budget = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested)
+                    chunk_budget += dev.policy.chunk_abs
+                    room = max(dev.budget(), chunk_budget) - dev.reserved
+                else:
+                    room = int((1.0 + dev.policy.chunk_slack) * dev.peak_requested) - dev.reserved
                 room -= dev.pool.get(page, 0)
                 chunk = min(chunk, max(exact, room // page * page))
             need = min(self.size[u], max(exact, chunk))
@@ -790,6 +939,7 @@ class Arena:
 
     def free_block(self, addr: int) -> None:
         size, _, owner = self._remove(addr)
+        self.live -= size
         if self.views:
             self._claim(addr, size, -1)
         self._put_merged(addr, size, S_FREE, owner)
@@ -854,11 +1004,13 @@ def run_model(t: TraceArrays, policy: Policy, check: int = 0) -> ModelResult:
             a = arenas.get(key)
             if a is None:
                 a = arenas[key] = dev.arena(st, s <= SMALL)
+            dev.note_live(s, 1)
             where[k] = (a, a.malloc(s, st if adopt else 0))
         elif o == FREE:
             a, addr = where.pop(k)
             a.free_block(addr)
             dev.requested -= size[i]
+            dev.note_live(round_size(size[i]), -1)
         else:
             dev.empty_cache()
         if check and i % check == 0:
