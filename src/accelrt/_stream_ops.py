@@ -106,7 +106,7 @@ class QueueStreamOps:
 
 class SVMStreamOps(QueueStreamOps):
     """A queue stream whose copies are ``clEnqueueSVMMemcpy`` calls through PyOpenCL: the base
-    of OpenCL's ``_CLStream`` (backends/opencl.py).
+    of OpenCL's ``_CLStream`` (backends/opencl/_queues.py).
 
     Fields, set by the subclass: ``views`` (a dict from (address, nbytes) to the ``cl.SVM`` of
     that device memory; a miss calls ``device_view(address, nbytes)``), ``wrap_host`` (makes

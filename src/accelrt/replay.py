@@ -577,7 +577,7 @@ def _run_chunk(
     """Run events ``start`` to ``stop - 1``; return ``stop``, or the index of the first alloc
     that ran out of memory or is too large for any device (the caller records it).
 
-    The Python form of the compiled core's ``run_events`` (memory/_native.pyx), with the same
+    The Python form of the compiled core's ``run_events`` (memory/device/_native.pyx), with the same
     contract: the columns become Python lists for the span and are walked with ``zip``, an
     event costing a dict operation and the allocator call, no object of its own.
     """
