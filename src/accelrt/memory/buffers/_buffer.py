@@ -517,42 +517,31 @@ class _BufferAPI(MemoryHandle):
             )
         if copy:
             raise BufferError("accelrt does not copy on export: pass copy=None or False")
-        if device[0] == _KDL_ONEAPI:
-            return self._oneapi_capsule(device, stream, max_version)
-        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
-            raise TypeError(f"DLPack stream must be an int or None, got {stream!r}")
-        if stream == 0 or (stream is not None and stream < -1):
-            raise ValueError(
-                f"DLPack stream {stream} is not allowed: pass 1 for the legacy default stream, "
-                "2 for the per-thread one, a CUstream, or -1 for no synchronisation"
-            )
+        oneapi = device[0] == _KDL_ONEAPI
+        if not oneapi:  # CUDA: the protocol's stream numbers
+            if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
+                raise TypeError(f"DLPack stream must be an int or None, got {stream!r}")
+            if stream == 0 or (stream is not None and stream < -1):
+                raise ValueError(
+                    f"DLPack stream {stream} is not allowed: pass 1 for the legacy default "
+                    "stream, 2 for the per-thread one, a CUstream, or -1 for no synchronisation"
+                )
         if self.nbytes:
             self.block  # noqa: B018 (raises ValueError if freed)
         own = self._stream
-        consumer = 1 if stream is None else stream
-        if consumer != -1 and consumer != (own._handle or 1):
-            backend, index = own._backend, own._index
-            event = backend.event_create(index, False)
-            try:
-                backend.event_record(event, index, own._handle)
-                backend.stream_wait_event(index, consumer, event)
-            finally:
-                backend.event_destroy(event)
-        from . import _dlpack
-
-        versioned = max_version is not None and tuple(max_version) >= _dlpack.DLPACK_VERSION
-        owner = (self, self._export_pin())
-        return _dlpack.to_capsule(self.ptr, self.nbytes, 2, device[1], owner, versioned)
-
-    def _oneapi_capsule(
-        self, device: tuple[int, int], stream: Any, max_version: tuple[int, int] | None
-    ) -> Any:
-        """A ``kDLOneAPI`` capsule of USM device memory (``__dlpack__`` on ``xpu``): the
-        consumer's queue (``stream``) gets the memory once the buffer's stream is idle."""
-        if self.nbytes:
-            self.block  # noqa: B018 (raises ValueError if freed)
-        if stream != -1:
-            self._stream.synchronize()
+        if oneapi:  # the consumer's queue gets the memory once the buffer's stream is idle
+            if stream != -1:
+                own.synchronize()
+        else:
+            consumer = 1 if stream is None else stream
+            if consumer != -1 and consumer != (own._handle or 1):
+                backend, index = own._backend, own._index
+                event = backend.event_create(index, False)
+                try:
+                    backend.event_record(event, index, own._handle)
+                    backend.stream_wait_event(index, consumer, event)
+                finally:
+                    backend.event_destroy(event)
         from . import _dlpack
 
         versioned = max_version is not None and tuple(max_version) >= _dlpack.DLPACK_VERSION
