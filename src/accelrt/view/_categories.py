@@ -193,7 +193,8 @@ def categorize(
         frames = _frames(view, stack_id - 1)
         name = _by_rule(rules, op, frames)
         by_rule[n] = -1 if name is None else index[name]
-        site[n] = _site_from(op, frames)
+        if not phases:  # sites stand in for phases only where a trace has none
+            site[n] = _site_from(op, frames)
     if phases:
         phase_at = np.full(view.events, -1, dtype=np.int64)
         for n, phase in enumerate(phases):
