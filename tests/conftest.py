@@ -63,12 +63,9 @@ def _xpu_skip_reason() -> str | None:
     return f"no XPU device (install accelrt[xpu]): {backend.unavailable_reason()}"  # type: ignore[attr-defined]
 
 
-@pytest.fixture(params=["sim", "opencl", "xpu", *(["cuda"] if _cuda_available() else [])])
-def device(request: pytest.FixtureRequest) -> str:
-    """The name of a backend made the accelerator: ``sim`` always, ``opencl`` when present,
-    ``xpu`` when dpctl and a SYCL device are, ``cuda`` where there is an NVIDIA GPU (only then
-    is it a parameter at all)."""
-    name: str = request.param
+def _use(name: str) -> str:
+    """Make backend ``name`` the accelerator, or skip the test where its runtime has no
+    device (``opencl``, ``xpu``)."""
     if name == "opencl" and not _opencl_available():
         pytest.skip("no OpenCL device (install accelrt[pocl])")
     if name == "xpu" and (reason := _xpu_skip_reason()) is not None:
@@ -77,14 +74,18 @@ def device(request: pytest.FixtureRequest) -> str:
     return name
 
 
+@pytest.fixture(params=["sim", "opencl", "xpu", *(["cuda"] if _cuda_available() else [])])
+def device(request: pytest.FixtureRequest) -> str:
+    """The name of a backend made the accelerator: ``sim`` always, ``opencl`` when present,
+    ``xpu`` when dpctl and a SYCL device are, ``cuda`` where there is an NVIDIA GPU (only then
+    is it a parameter at all)."""
+    return _use(request.param)
+
+
 @pytest.fixture
 def xpu() -> str:
     """The XPU backend as the accelerator; skipped without dpctl or a SYCL device."""
-    reason = _xpu_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    acc.backends.use("xpu")
-    return "xpu"
+    return _use("xpu")
 
 
 @pytest.fixture
@@ -97,23 +98,14 @@ def sim() -> str:
 @pytest.fixture
 def opencl() -> str:
     """The OpenCL backend as the accelerator; skipped without an OpenCL device."""
-    if not _opencl_available():
-        pytest.skip("no OpenCL device (install accelrt[pocl])")
-    acc.backends.use("opencl")
-    return "opencl"
+    return _use("opencl")
 
 
 @pytest.fixture(params=["opencl", "xpu"])
 def queue_backend(request: pytest.FixtureRequest) -> str:
     """A backend whose streams are in-order queues of a real runtime (``opencl``, ``xpu``) as
     the accelerator; each skipped where its runtime has no device."""
-    name: str = request.param
-    if name == "opencl" and not _opencl_available():
-        pytest.skip("no OpenCL device (install accelrt[pocl])")
-    if name == "xpu" and (reason := _xpu_skip_reason()) is not None:
-        pytest.skip(reason)
-    acc.backends.use(name)
-    return name
+    return _use(request.param)
 
 
 @pytest.fixture
