@@ -24,7 +24,6 @@ history once when it has one).
 
 from __future__ import annotations
 
-from ._categories import Categories as Categories
 from ._categories import CategoryRule as CategoryRule
 from ._categories import add_categories as add_categories
 from ._categories import category_bytes as category_bytes
@@ -32,6 +31,7 @@ from ._categories import folded_stacks as folded_stacks
 from ._forensics import diff_text as diff_text
 from ._forensics import end_state_text as end_state_text
 from ._forensics import forensics_text as forensics_text
+from ._model import Categories as Categories
 from ._model import LiveGroup as LiveGroup
 from ._model import View as View
 from ._model import live_groups as live_groups

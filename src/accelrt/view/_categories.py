@@ -36,6 +36,7 @@ import numpy as np
 
 from .._errors import InputError
 from ..trace._phases import Phase
+from ._model import Categories
 
 if TYPE_CHECKING:
     from ._model import View
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILT_IN",
     "add_categories",
-    "Categories",
     "CategoryRule",
     "categorize",
     "category_bytes",
@@ -118,23 +118,6 @@ class CategoryRule:
                 f"category rule {text!r}: {pattern!r} is not a regular expression ({exc})"
             ) from None
         return cls(name, compiled)
-
-
-@dataclass(frozen=True)
-class Categories:
-    """Each allocation's category.
-
-    Attributes
-    ----------
-    names : tuple of str
-        The categories: the user's rules' names first (in rule order), then :data:`BUILT_IN`
-        (a user name equal to a built-in one is that category).
-    of : numpy.ndarray of int64
-        Per allocation of the view: an index into ``names``.
-    """
-
-    names: tuple[str, ...]
-    of: np.ndarray
 
 
 def _phase_kind(name: str) -> int:
@@ -258,7 +241,7 @@ def _site_runs(view: View, site_of_alloc: np.ndarray) -> tuple[np.ndarray, np.nd
 
 def add_categories(view: View, rules: Sequence[CategoryRule] = ()) -> Categories:
     """Infer the categories of a view's allocations (:func:`categorize`, with the view's
-    phases) and keep them on it (``view.category``, ``view.category_names``), where the page,
+    phases) and keep them on it (``view.categories``), where the page,
     ``snapshot summary`` and ``snapshot diff`` show them.
 
     Returns
@@ -266,9 +249,8 @@ def add_categories(view: View, rules: Sequence[CategoryRule] = ()) -> Categories
     Categories
         What was kept.
     """
-    categories = categorize(view, view.phases, rules)
-    view.category, view.category_names = categories.of, categories.names
-    return categories
+    view.categories = categorize(view, view.phases, rules)
+    return view.categories
 
 
 def category_bytes(view: View, categories: Categories, state: int) -> dict[str, tuple[int, int]]:

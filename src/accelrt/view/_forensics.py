@@ -76,21 +76,16 @@ def forensics_text(view: View, *, width: int = 100, limit: int = 10) -> str:
                 f"{sum(g.count for g in groups)} allocations, by {what}"
             )
             out.append(format_live_groups(title, rows, int(totals[state]), width=width))
-        if view.category is not None:
-            out.append(_kind_table(view, state, f"Live at {label}", width))
-    if view.category is not None and view.phases:
-        out.append(_phase_table(view, width))
+        if view.categories is not None:
+            out.append(_kind_table(view, view.categories, state, f"Live at {label}", width))
+    if view.categories is not None and view.phases:
+        out.append(_phase_table(view, view.categories, width))
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _categories(view: View) -> Categories:
-    assert view.category is not None
-    return Categories(view.category_names, view.category)
-
-
-def _kind_table(view: View, state: int, label: str, width: int) -> str:
-    """What was live at ``state`` by kind (``view.category``), largest first."""
-    per = category_bytes(view, _categories(view), state)
+def _kind_table(view: View, categories: Categories, state: int, label: str, width: int) -> str:
+    """What was live at ``state`` by kind, largest first."""
+    per = category_bytes(view, categories, state)
     rows = sorted(((k, b, c) for k, (b, c) in per.items() if c), key=lambda r: -r[1])
     live = sum(b for _, b, _ in rows)
     title = f"{label}: {format_bytes(live)}, by kind (inferred; docs/viewer.md)"
@@ -101,9 +96,8 @@ _PHASE_ROWS = 24
 """Phases shown in the per-phase table at most (the rest are counted)."""
 
 
-def _phase_table(view: View, width: int) -> str:
+def _phase_table(view: View, categories: Categories, width: int) -> str:
     """At each phase's own peak (its state with the most live bytes): live bytes by kind."""
-    categories = _categories(view)
     totals = view.totals()
     rows = []
     for phase in view.phases:
@@ -252,12 +246,12 @@ def diff_text(
         )
     if len(keys) > limit:
         out.append(f"... {len(keys) - limit} more frames")
-    if va.category is not None and vb.category is not None:
-        ka = category_bytes(va, _categories(va), va.peak_state)
-        kb = category_bytes(vb, _categories(vb), vb.peak_state)
+    if va.categories is not None and vb.categories is not None:
+        ka = category_bytes(va, va.categories, va.peak_state)
+        kb = category_bytes(vb, vb.categories, vb.peak_state)
         out += ["", "Live bytes at each run's peak, by kind (inferred; docs/viewer.md):"]
         out.append(f"{'A':>12} {'B':>12} {'B - A':>13}  kind")
-        for name in dict.fromkeys([*va.category_names, *vb.category_names]):
+        for name in dict.fromkeys([*va.categories.names, *vb.categories.names]):
             x, y = ka.get(name, (0, 0))[0], kb.get(name, (0, 0))[0]
             if x or y:
                 sign = "-" if y < x else "+"

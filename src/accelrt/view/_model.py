@@ -61,6 +61,23 @@ class LiveGroup:
     count: int
 
 
+@dataclass(frozen=True)
+class Categories:
+    """Each allocation's category.
+
+    Attributes
+    ----------
+    names : tuple of str
+        The categories: the user's rules' names first (in rule order), then :data:`BUILT_IN`
+        (a user name equal to a built-in one is that category).
+    of : numpy.ndarray of int64
+        Per allocation of the view: an index into ``names``.
+    """
+
+    names: tuple[str, ...]
+    of: Int64Array
+
+
 @dataclass
 class View:
     """The data of one picture; see the module notes for states and allocation order.
@@ -100,10 +117,9 @@ class View:
         allocated blocks as allocations live at state 0 and its segment map as the one moment.
     phases : tuple of Phase
         The trace's named stretches (``Trace.phases``), in event indices.
-    category : numpy.ndarray of int64 or None
-        Per allocation: an index into ``category_names`` (what kind of memory it is), once
-        :func:`~accelrt.view.add_categories` ran; None before.
-    category_names : tuple of str
+    categories : Categories or None
+        What kind of memory each allocation is, once :func:`~accelrt.view.add_categories`
+        ran; None before.
     """
 
     title: str
@@ -126,8 +142,7 @@ class View:
     notes: list[str] = field(default_factory=list)
     history: bool = True
     phases: tuple[Phase, ...] = ()
-    category: Int64Array | None = None
-    category_names: tuple[str, ...] = ()
+    categories: Categories | None = None
 
     def totals(self) -> Int64Array:
         """Live requested bytes at each state (``events + 1`` values)."""

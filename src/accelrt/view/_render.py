@@ -149,13 +149,13 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
     ]
     if view.times is not None:
         columns.append(("times", np.diff(view.times, prepend=0.0), "<f8", "f64"))
-    if view.category is not None:
-        columns.append(("cat", view.category, "<i4", "i32"))
+    if view.categories is not None:
+        columns.append(("cat", view.categories.of, "<i4", "i32"))
     rows, moments = _moment_rows(view.moments)
     meta = {  # after the stacks
         "ops": view.ops,
         "groups": group_names,
-        "categories": list(view.category_names) if view.category is not None else [],
+        "categories": list(view.categories.names) if view.categories is not None else [],
         "streams": [str(s) for s in streams],
         "ooms": view.ooms,
         "rows": rows,
