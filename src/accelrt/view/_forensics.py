@@ -9,8 +9,8 @@ import numpy as np
 
 from .._units import format_bytes
 from ..memory.history._summary import fit_frame, format_live_groups
-from ._categories import Categories, category_bytes
-from ._model import View, live_groups
+from ._categories import category_bytes
+from ._model import Categories, View, live_groups
 
 if TYPE_CHECKING:
     from ..replay import ReplayReport
