@@ -39,6 +39,7 @@ from .._policy import (
     K_SMALL_SIZE,
     MAX_REQUEST_BYTES,
     UNLIMITED,
+    page_floor,
     page_size,
     round_size,
     segment_size,
@@ -53,8 +54,10 @@ from ..history._history import (
     TraceEntry,
     frames_to_dicts,
 )
+from ._arenas import SharedArenas
 from ._block import (
     DEFAULT_POOL_ID,
+    SHARED_STREAM,
     AnySegment,
     Block,
     BlockPool,
@@ -82,7 +85,7 @@ class _PrivatePool:
         self.owner_alive = True
 
 
-class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
+class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
     """The caching allocator of one device.
 
     Parameters
@@ -140,6 +143,12 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         self._expandable = False
         self.stats = DeviceStats(-1, self._Stat, self._StatArray)
         self._warned_expandable = False
+        self._arenas = False  # policy:accelrt in force (section 16)
+        self._warned_policy = False
+        self._clock = 0
+        self._floor_page = 0
+        self._floor_peak = 0
+        self._reset_arenas()
         self._observer: History | None = None
         protect_sigint()
         self.set_config(config if config is not None else AllocatorConfig())
@@ -154,24 +163,30 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         """Apply new settings to future requests; cached blocks stay as they are.
 
         A ``per_process_memory_fraction`` in the config sets the memory fraction when it
-        changes. ``expandable_segments`` needs a backend with virtual memory: on one without,
-        it warns once (naming the reason) and ordinary segments are used.
+        changes. ``expandable_segments`` and ``policy:accelrt`` need a backend with virtual
+        memory: on one without, each warns once (naming the reason) and ordinary segments and
+        PyTorch's policy are used. ``policy:accelrt`` warns once about the settings it ignores.
         """
         with self._lock:
             self.config = config
+            self._arenas = self._use_arenas(config)
+            self._floor_page = config.large_segment_size if self._arenas else 0
             max_split = config.max_split_size if config.max_split_size is not None else UNLIMITED
+            if self._arenas:
+                max_split = UNLIMITED
             if max_split != self._max_split:
                 self._max_split = max_split
                 self._recount_oversize()
-            self.stats.max_split_size = (
-                config.max_split_size if config.max_split_size is not None else -1
-            )
+            self.stats.max_split_size = -1 if max_split == UNLIMITED else max_split
             fraction = config.per_process_memory_fraction
             if fraction is not None and fraction != self._fraction_from_config:
                 self.set_memory_fraction(fraction)
             self._fraction_from_config = fraction
-            self._expandable = config.expandable_segments and self._source.supports_expandable
-            if config.expandable_segments and not self._expandable and not self._warned_expandable:
+            self._expandable = self._arenas or (
+                config.expandable_segments and self._source.supports_expandable
+            )
+            wants_expandable = config.expandable_segments and config.policy == "pytorch"
+            if wants_expandable and not self._expandable and not self._warned_expandable:
                 self._warned_expandable = True
                 warnings.warn(
                     f"{self.device_name}: expandable segments need virtual memory (reserving "
@@ -180,6 +195,47 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
                     RuntimeWarning,
                     stacklevel=3,
                 )
+
+    def _use_arenas(self, config: AllocatorConfig) -> bool:
+        """Whether ``config`` puts policy:accelrt in force here; warns once where it cannot be
+        (no virtual memory) and once about the settings it ignores."""
+        if config.policy != "accelrt":
+            return False
+        if not self._source.supports_expandable:
+            if not self._warned_policy:
+                self._warned_policy = True
+                warnings.warn(
+                    f"{self.device_name}: policy:accelrt maps pages into reserved address "
+                    f"space, which needs virtual memory; the {self.backend.name!r} backend has "
+                    "none, so PyTorch's policy (policy:pytorch) is used",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return False
+        default = AllocatorConfig()
+        ignored = [
+            key
+            for key, differs in (
+                ("max_split_size_mb", config.max_split_size is not None),
+                (
+                    "max_non_split_rounding_mb",
+                    config.max_non_split_rounding != default.max_non_split_rounding,
+                ),
+                ("garbage_collection_threshold", config.garbage_collection_threshold > 0),
+                ("expandable_segments", config.expandable_segments),
+            )
+            if differs
+        ]
+        if ignored and not self._warned_policy:
+            self._warned_policy = True
+            warnings.warn(
+                f"{self.device_name}: policy:accelrt ignores {', '.join(ignored)} (its arenas "
+                "are always expandable and never keep blocks from splitting); memory_stats() "
+                "shows max_split_size -1",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return True
 
     def _recount_oversize(self) -> None:
         """Make the oversize statistics count by the new ``max_split_size`` (no stat drifts)."""
@@ -286,8 +342,14 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         return private.small if size <= K_SMALL_SIZE else private.large
 
     def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
+        if self._arenas:
+            self._note_request(pool, size, nbytes)
+            adopted = self._adopt(pool, size, stream)
+            if adopted is not None:
+                return adopted
         alloc_size = segment_size(size, self.config.large_segment_size)
-        if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
+        gc = self.config.garbage_collection_threshold > 0 and not self._arenas
+        if self._allowed_max is not None and gc:
             self._garbage_collect()
         block = self._grow(pool, size, alloc_size, stream, is_retry=False)
         if block is None and self._release_available_cached_blocks(pool, size, stream):
@@ -340,6 +402,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         """Get fresh memory for a request of ``size`` rounded bytes: step 4 of the ladder."""
         if is_retry:
             self.stats.num_alloc_retries += 1
+        if self._arenas:
+            return self._grow_arena(pool, size, stream)
         if self._fraction_refuses(alloc_size):
             return None
         if self._expandable:
@@ -419,15 +483,27 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         pool.insert_unmapped(block)
         return block
 
-    def _map_block(self, block: Block, nbytes: int) -> bool:
-        """Map the pages under the first ``nbytes`` of an unmapped block; False when full."""
+    def _map_block(
+        self, block: Block, nbytes: int, at: int | None = None, owner: int | None = None
+    ) -> bool:
+        """Map the pages under ``nbytes`` of an unmapped block from ``at`` (a page boundary;
+        default its start), owned by ``owner`` (default its stream); False when full. The
+        block becomes the mapped part, merged with free neighbours of the same owner."""
         segment = block.segment
         assert isinstance(segment, ExpandableSegment)
-        mapped = segment.map(block.address, nbytes)
+        start = block.address if at is None else at
+        mapped = segment.map(start, nbytes)
         if not mapped:
             return False
         pool = block.pool
         pool.remove_unmapped(block)
+        if start > block.address:  # the pages below stay unmapped
+            head = self._Block(block.address, start - block.address, block.stream, pool, segment)
+            head.mapped = False
+            _link_after(block.prev, head, block)
+            pool.insert_unmapped(head)
+            block.size -= start - block.address
+            block.address = start
         block.mapped = True
         if mapped < block.size:
             rest = self._Block(
@@ -437,49 +513,62 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             _link_after(block, rest)
             pool.insert_unmapped(rest)
             block.size = mapped
+        if owner is not None:
+            block.stream = owner
         address = block.address
         self._try_merge(block, block.prev, pool)
         self._try_merge(block, block.next, pool)
+        self._clock += 1
+        block.stamp = self._clock
         pool.insert(block)
         self._count_device_memory(pool, mapped)
         if self._observer is not None:
             self._observer.record("segment_map", address, mapped, block.stream, segment)
         return True
 
-    def _unmap_block(self, block: Block) -> None:
-        """Unmap the whole pages inside a free mapped block (partial pages stay mapped)."""
+    def _unmap_block(self, block: Block, lowest: int | None = None) -> None:
+        """Unmap the whole pages inside a free mapped block from ``lowest`` (default its
+        start) up; partial pages, and the pages below ``lowest``, stay mapped and free."""
         segment = block.segment
         assert isinstance(segment, ExpandableSegment)
-        start, unmapped = segment.unmap(block.address, block.size)
+        first = block.address if lowest is None else lowest
+        start, unmapped = segment.unmap(first, block.address + block.size - first)
         if not unmapped:
             return
         pool = block.pool
         pool.remove(block)
+        owner = block.stream
         before = start - block.address
         if before > 0:
-            head = self._Block(block.address, before, block.stream, pool, segment)
+            head = self._Block(block.address, before, owner, pool, segment)
+            head.stamp = block.stamp
             _link_after(block.prev, head, block)
             pool.insert(head)
         after = block.size - before - unmapped
         if after > 0:
-            tail = self._Block(start + unmapped, after, block.stream, pool, segment)
+            tail = self._Block(start + unmapped, after, owner, pool, segment)
+            tail.stamp = block.stamp
             _link_after(block, tail)
             pool.insert(tail)
         block.address = start
         block.size = unmapped
         block.mapped = False
+        if segment.stream == SHARED_STREAM:  # an arena's unmapped blocks are every stream's
+            block.stream = SHARED_STREAM
         self._try_merge(block, block.prev, pool)
         self._try_merge(block, block.next, pool)
         pool.insert_unmapped(block)
         self._count_device_memory(pool, -unmapped)
         if self._observer is not None:
-            self._observer.record("segment_unmap", start, unmapped, block.stream)
+            self._observer.record("segment_unmap", start, unmapped, owner)
 
     # ------------------------------------------------------------------ handing out blocks
     def _alloc_found_block(self, block: Block, size: int, nbytes: int) -> Block:
         stats = self.stats
         pool = block.pool
         is_small = pool.is_small
+        if self._floor_page:
+            self._note_floor(is_small, size)
         counts_split = not block.segment.is_expandable  # inactive_split skips expandable
         already_split = block.prev is not None or block.next is not None  # hot: no call
         if should_split(block.size, size, is_small, self._max_split, self._expandable):
@@ -492,6 +581,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             remaining.prev = block
             remaining.address += size
             remaining.size -= size
+            self._clock += 1
+            remaining.stamp = self._clock
             pool.insert(remaining)
             if counts_split and already_split:
                 stats.inactive_split_bytes.decrease(is_small, size)
@@ -503,6 +594,19 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             stats.inactive_split.decrease(is_small, 1)
         self._mark_allocated(block, nbytes)
         return block
+
+    def _note_floor(self, is_small: bool, size: int) -> None:
+        """Raise ``_floor_peak`` to the page floor of the live bytes with ``size`` more (a
+        request about to be served): policy:accelrt's budget (docs/allocator.md 16.1)."""
+        large = self.stats.allocated_bytes.large.current
+        small = self.stats.allocated_bytes.small.current
+        if is_small:
+            small += size
+        else:
+            large += size
+        floor = page_floor(large, small, self._floor_page)
+        if floor > self._floor_peak:
+            self._floor_peak = floor
 
     def _mark_allocated(self, block: Block, nbytes: int) -> None:
         """Hand ``block`` out for a request of ``nbytes`` and count it in the statistics."""
@@ -762,6 +866,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             if subsumed:
                 split_blocks_change -= 1
                 split_bytes_change -= subsumed
+        self._clock += 1
+        block.stamp = self._clock
         pool.insert(block)
         if not block.segment.is_expandable:  # inactive_split skips expandable segments
             if block.prev is not None or block.next is not None:  # split (hot: no call)
@@ -802,6 +908,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             or src.event_count > 0
             or src.stream_uses
             or src.mapped is not dst.mapped
+            or src.stream != dst.stream
         ):
             return 0
         if src.mapped:
@@ -1133,7 +1240,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             "allocated_size": allocated,
             "active_size": active,
             "requested_size": requested,
-            "stream": segment.stream,
+            # an arena (policy:accelrt) has blocks of several streams: its lowest block's
+            "stream": blocks[0].stream if segment.stream == SHARED_STREAM else segment.stream,
             "segment_type": "small" if segment.is_small else "large",
             "segment_pool_id": segment.pool.pool_id,
             "is_expandable": segment.is_expandable,
@@ -1142,6 +1250,17 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         }
 
     # ------------------------------------------------------------------ statistics
+    @atomic
+    def reset_peak_memory_stats(self) -> None:
+        """Set every peak to its current value (mirrors ``torch.cuda.reset_peak_memory_stats``).
+
+        policy:accelrt's budget keeps its own high-water mark of requested bytes first, so a
+        reset changes no later decision (docs/allocator.md section 16.1).
+        """
+        with self._lock:
+            self._keep_high_water()
+            self.stats.reset_peak()
+
     @property
     def reserved_bytes(self) -> int:
         """Bytes currently held from the device (ordinary segments and mapped pages)."""

@@ -53,6 +53,7 @@ cdef object _DEFAULT_POOL_ID = DEFAULT_POOL_ID
 cdef int64_t K_MIN_BLOCK_SIZE = 512
 cdef int64_t K_MAX_REQUEST_BYTES = 1 << 60
 cdef int64_t K_SMALL_SIZE = 1 << 20
+cdef int64_t K_SMALL_BUFFER = 2 << 20
 cdef object UNLIMITED = 1 << 64
 
 cdef enum:
@@ -152,6 +153,7 @@ cdef class Block:
     """
 
     cdef public int64_t address, size, stream, requested_size, event_count, gc_count_base
+    cdef public int64_t stamp
     cdef public bint allocated, mapped
     cdef public object stream_uses, frames
     cdef public BlockPool pool
@@ -375,6 +377,10 @@ cdef class BlockPool:
         """Return the blocks on ``stream`` smaller than ``size``, by (size, address)."""
         return self._listed(stream, size, True)
 
+    def streams(self):
+        """Return the streams that have free mapped blocks in this pool, in ascending order."""
+        return [item.first for item in self._keys if item.second.size()]
+
     def blocks(self):
         """Iterate over a snapshot of all free mapped blocks in (stream, size, address) order."""
         cdef list out = []
@@ -542,6 +548,8 @@ cdef class HotPath:
     cdef public list _finalized
     cdef public object _allowed_max, _observer
     cdef public bint _expandable
+    cdef public int64_t _clock  # stamps free blocks as they enter a free list (section 16)
+    cdef public int64_t _floor_page, _floor_peak  # policy:accelrt's page floor; 0: not kept
     cdef object _config, _stats
     cdef int64_t _max_split_c, _max_non_split_rounding
     cdef bint _rounds_to_divisions, _gc_configured
@@ -747,9 +755,27 @@ cdef class HotPath:
         pool.drop(block)
         return block
 
+    cdef inline void note_floor(self, bint is_small, int64_t size) noexcept:
+        """memory/_policy.py ``page_floor`` of the live bytes with ``size`` more, kept as a
+        high-water mark in ``_floor_peak`` (policy:accelrt's budget, docs/allocator.md 16.1)."""
+        cdef int64_t large = self._allocated_bytes.large.current
+        cdef int64_t small = self._allocated_bytes.small.current
+        cdef int64_t page = self._floor_page
+        cdef int64_t floor
+        if is_small:
+            small += size
+        else:
+            large += size
+        floor = (large + page - 1) // page * page
+        floor += (small + K_SMALL_BUFFER - 1) // K_SMALL_BUFFER * K_SMALL_BUFFER
+        if floor > self._floor_peak:
+            self._floor_peak = floor
+
     cdef Block alloc_found_block(self, Block block, int64_t size, int64_t nbytes):
         cdef BlockPool pool = block.pool
         cdef bint is_small = pool.is_small
+        if self._floor_page:
+            self.note_floor(is_small, size)
         cdef bint counts_split = not block._expandable  # inactive_split skips expandable
         cdef bint already_split = block.prev is not None or block.next is not None
         cdef int64_t remaining_bytes = block.size - size
@@ -770,6 +796,8 @@ cdef class HotPath:
             remaining.prev = block
             remaining.address += size
             remaining.size -= size
+            self._clock += 1
+            remaining.stamp = self._clock
             pool.add(remaining)
             if counts_split and already_split:
                 self._inactive_split_bytes.down(is_small, size)
@@ -862,6 +890,8 @@ cdef class HotPath:
             split_blocks_change -= 1
             split_bytes_change -= subsumed
             self.keep_spare(neighbour)
+        self._clock += 1
+        block.stamp = self._clock
         pool.add(block)
         if not block._expandable:  # inactive_split skips expandable segments
             if block.prev is not None or block.next is not None:
@@ -906,6 +936,7 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
         or src.event_count > 0
         or src.stream_uses
         or src.mapped != dst.mapped
+        or src.stream != dst.stream
     ):
         return 0
     cdef int64_t absorbed = src.size
