@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from hypothesis.stateful import (
 from accelrt import OutOfMemoryError
 from accelrt.backends.sim import VM_GRANULARITY, SimBackend
 from accelrt.memory import AllocatorConfig, Block, CachingAllocator, round_size, segment_size
+from accelrt.memory.device._block import SHARED_STREAM
 from accelrt.memory.device._stats import STAT_ARRAY_NAMES
 
 MiB = 1 << 20
@@ -96,6 +98,7 @@ class World:
         max_split_mb: int | None = None,
         roundup: bool = False,
         gc_threshold: float = 0.0,
+        arenas: bool = False,
     ) -> None:
         self.capacity = capacity
         self.backend = SimBackend(device_count=1, capacity=capacity)
@@ -104,7 +107,10 @@ class World:
         self.max_split_mb = max_split_mb
         self.roundup = roundup
         self.gc_threshold = gc_threshold
-        self.alloc = CachingAllocator(self.backend, 0, self.config())
+        self.arenas = arenas  # policy:accelrt (docs/allocator.md section 16)
+        with warnings.catch_warnings():  # the settings policy:accelrt ignores, said once
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.alloc = CachingAllocator(self.backend, 0, self.config())
         self.alloc.record_history("all", None, HISTORY_ENTRIES)
         self.live: list[Live] = []
         self.pending: list[Live] = []  # freed after record_stream: waiting for events
@@ -126,12 +132,22 @@ class World:
             parts.append("roundup_power2_divisions:4")
         if self.gc_threshold:
             parts.append(f"garbage_collection_threshold:{self.gc_threshold}")
+        if self.arenas:
+            parts.append("policy:accelrt")
         return AllocatorConfig.parse(",".join(parts))
 
+    @property
+    def pages(self) -> bool:
+        """Whether new memory comes as pages: expandable segments or policy:accelrt's arenas."""
+        return self.expandable or self.arenas
+
     def apply_config(self) -> None:
-        self.alloc.set_config(self.config())
-        assert self.alloc.expandable_segments is self.expandable
-        expected = -1 if self.max_split_mb is None else self.max_split_mb * MiB
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.alloc.set_config(self.config())
+        assert self.alloc.expandable_segments is self.pages
+        unlimited = self.max_split_mb is None or self.arenas
+        expected = -1 if unlimited else self.max_split_mb * MiB
         assert self.alloc.memory_stats()["max_split_size"] == expected
 
     def set_fraction(self, fraction: float) -> None:
@@ -167,13 +183,13 @@ class World:
         assert block.pool.pool_id == self.target_pool()
         assert block.pool.is_small == (rounded <= MiB)
         assert block.size >= rounded and block.size % 512 == 0
-        if self.expandable or block.pool.is_small:
+        if self.pages or block.pool.is_small:
             assert block.size == rounded, "any rest of 512 bytes or more is split off"
         elif self.max_split_mb is None or rounded < self.max_split_mb * MiB:
             assert block.size <= rounded + MiB, "a large rest of more than 1 MiB is split off"
         else:
             assert block.size < rounded + MAX_NON_SPLIT_ROUNDING
-        if not self.expandable:
+        if not self.pages:
             assert not block.segment.is_expandable, "blocks of expandable segments are skipped"
             new_segment = after["num_device_alloc"] > before["num_device_alloc"]
             if new_segment and self.allowed is not None:
@@ -208,12 +224,16 @@ class World:
         free, total = self.backend.mem_get_info(0)
         assert total == self.capacity
         refused = self.allowed is not None and alloc.reserved_bytes + alloc_size > self.allowed
-        if self.expandable:  # the map that failed needed at most the request in whole pages
+        if self.arenas:  # the map that failed needed at most the request in 2 MiB pages
+            pages = round_up(rounded, SMALL_PAGE)
+            refused = self.allowed is not None and alloc.reserved_bytes + pages > self.allowed
+            assert refused or free < pages
+        elif self.expandable:  # the map that failed needed at most the request in whole pages
             assert refused or free < round_up(rounded, page_of(rounded <= MiB))
         else:
             assert refused or free < alloc_size, "out of memory with room for the segment"
         # step 6 of the ladder waited for all events and released every whole free segment
-        self.check_cache_released(unmapped_too=not self.expandable)
+        self.check_cache_released(unmapped_too=not self.pages)
 
     def free(self, pick: int) -> None:
         record = self.live.pop(pick % len(self.live))
@@ -285,7 +305,11 @@ class World:
                 assert block.size > 0 and block.size % 512 == 0, block
                 assert block.segment is segment, block
                 assert block.pool is segment.pool, block
-                assert block.stream == segment.stream, block
+                if segment.stream == SHARED_STREAM:  # an arena: owners, unmapped is everyone's
+                    assert (block.stream == SHARED_STREAM) is not block.mapped, block
+                    assert block.stream == SHARED_STREAM or block.stream in self.streams, block
+                else:
+                    assert block.stream == segment.stream, block
                 if i:
                     assert block.prev is blocks[i - 1] and blocks[i - 1].next is block
                 address += block.size
@@ -303,12 +327,14 @@ class World:
             for left, right in itertools.pairwise(blocks):
                 assert left.mapped or right.mapped, f"adjacent unmapped: {left!r}, {right!r}"
                 both_free = is_free(left) and is_free(right) and left.mapped and right.mapped
-                assert not both_free, f"adjacent free blocks not merged: {left!r}, {right!r}"
+                mergeable = both_free and left.stream == right.stream  # arenas: same owner
+                assert not mergeable, f"adjacent free blocks not merged: {left!r}, {right!r}"
             if not segment.is_expandable:
                 assert all(block.mapped for block in blocks), segment
                 continue
             page = segment.page_size
-            assert page == page_of(segment.pool.is_small)
+            arena = segment.stream == SHARED_STREAM
+            assert page == (SMALL_PAGE if arena else page_of(segment.pool.is_small))
             assert segment.size % page == 0 and segment.address % VM_GRANULARITY == 0
             mapped = 0
             for block in blocks:
@@ -419,7 +445,8 @@ class World:
         for name in ("oversize_allocations", "oversize_segments"):
             assert stats[f"{name}.allocated"] - stats[f"{name}.freed"] == stats[f"{name}.current"]
         # counted by the max_split_size in force now (a change recounts them)
-        limit = MAX_REQUEST if self.max_split_mb is None else self.max_split_mb * MiB
+        unlimited = self.max_split_mb is None or self.arenas
+        limit = MAX_REQUEST if unlimited else self.max_split_mb * MiB
         oversize = sum(r.block.size >= limit for r in self.live)
         assert stats["oversize_allocations.current"] == oversize, "oversize_allocations"
         oversize = sum(not s.is_expandable and s.size >= limit for s, _ in alloc.segments())
@@ -578,12 +605,20 @@ class AllocatorMachine(RuleBasedStateMachine):
         expandable=st.booleans(),
         max_split_mb=st.sampled_from(MAX_SPLIT_MB),
         fraction=st.one_of(st.none(), st.sampled_from(FRACTIONS)),
+        arenas=st.booleans(),
     )
     @guarded
     def start(
-        self, capacity: int, expandable: bool, max_split_mb: int | None, fraction: float | None
+        self,
+        capacity: int,
+        expandable: bool,
+        max_split_mb: int | None,
+        fraction: float | None,
+        arenas: bool,
     ) -> None:
-        self.world = World(capacity, expandable=expandable, max_split_mb=max_split_mb)
+        self.world = World(
+            capacity, expandable=expandable, max_split_mb=max_split_mb, arenas=arenas
+        )
         if fraction is not None:
             self.world.set_fraction(fraction)
 
@@ -677,6 +712,13 @@ class AllocatorMachine(RuleBasedStateMachine):
     @guarded
     def toggle_expandable(self) -> None:
         self.w.expandable = not self.w.expandable
+        self.w.apply_config()
+
+    @rule()
+    @guarded
+    def toggle_policy(self) -> None:
+        """Between policy:pytorch and policy:accelrt; what is cached stays as it is."""
+        self.w.arenas = not self.w.arenas
         self.w.apply_config()
 
     @rule(max_split_mb=st.sampled_from(MAX_SPLIT_MB))

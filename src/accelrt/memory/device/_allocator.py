@@ -975,6 +975,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
 
     def _release_pool_blocks(self, pool: BlockPool) -> None:
         """Release the pool's unsplit ordinary segments and unmap its expandable free pages."""
+        if self._arena_order:  # a page free under two owners' blocks can go too
+            self._join_owners(pool)
         to_unmap = []
         for block in pool.blocks():
             if block.segment.is_expandable:

@@ -107,6 +107,35 @@ class SharedArenas:
         high = self._high_water
         return max(self._floor_peak, high + high // 200)
 
+    def _join_owners(self, pool: BlockPool) -> None:
+        """Merge neighbouring free arena blocks of different owners, once each owner's work
+        has finished, so that releasing the cache (``empty_cache``, the malloc ladder's last
+        step) can unmap a page they share (16.3). The merged block takes the lower one's
+        owner."""
+        waited: set[int] = set()
+        for block in pool.blocks():
+            if block.segment.stream != SHARED_STREAM or pool.get(block.address) is not block:
+                continue  # not an arena's, or merged into a block before it
+            right = block.next
+            while right is not None and right.mapped and right.is_free():
+                for stream in (block.stream, right.stream):
+                    self._wait_for_stream(stream, waited)
+                pool.remove(right)
+                right.stream = block.stream
+                pool.insert(right)
+                pool.remove(block)
+                self._try_merge(block, right, pool)
+                pool.insert(block)
+                right = block.next
+
+    def _wait_for_stream(self, stream: int, waited: set[int]) -> None:
+        """Wait on the host for ``stream``'s work, once per ``waited`` set."""
+        if stream in waited:
+            return
+        waited.add(stream)
+        with contextlib.suppress(Exception):  # a destroyed stream has finished its work
+            self.backend.stream_synchronize(self.device_index, stream)
+
     # ------------------------------------------------------------------ adopt (16.2 step 3)
     def _adopt(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         """Take the best fit (size, then address) among other streams' free arena blocks of
@@ -181,14 +210,27 @@ class SharedArenas:
                     cap = max(self._base_budget(), self._high_water + large) - self._reserved
                     chunk = min(aligned, max(exact, cap // PAGE * PAGE))
             need = min(unmapped.address + unmapped.size - at, max(exact, chunk))
-            if not self._pages_for(pool, need, base, max(run_end, at + need)):
+            mapped = self._map_part(pool, at, need, stream, base, run_end)
+            if mapped is None and need > exact:  # refused: the pages the request needs only
+                mapped = self._map_part(pool, at, exact, stream, base, run_end)
+            if mapped is None:
                 return None
-            unmapped = self._unmapped_at(pool, at)  # a reclaim may have merged into it
-            if not self._map_block(unmapped, need, at=at, owner=stream):
-                return None
-            current = unmapped  # mapped now, merged with the free block before it
+            current = mapped
         pool.remove(current)
         return current
+
+    def _map_part(
+        self, pool: BlockPool, at: int, need: int, stream: int, lo: int, run_end: int
+    ) -> Block | None:
+        """Map ``need`` bytes at ``at`` for ``stream`` (reclaiming first above the budget,
+        never inside the run from ``lo``); the mapped block, merged with the free block before
+        it, or None when the device or the memory fraction refused."""
+        if not self._pages_for(pool, need, lo, max(run_end, at + need)):
+            return None
+        unmapped = self._unmapped_at(pool, at)  # a reclaim may have merged into it
+        if not self._map_block(unmapped, need, at=at, owner=stream):
+            return None
+        return unmapped  # mapped now
 
     def _arena_run(self, pool: BlockPool, size: int, stream: int) -> tuple[Block, int] | None:
         """The lowest-address run of free blocks of ``stream`` and unmapped blocks that holds
@@ -293,10 +335,7 @@ class SharedArenas:
         bottom = max(bottom, top - -(-want // PAGE) * PAGE)
         if top <= bottom:
             return 0
-        if block.stream not in waited:  # its last use may still be running on its owner
-            waited.add(block.stream)
-            with contextlib.suppress(Exception):  # a destroyed stream has finished its work
-                self.backend.stream_synchronize(self.device_index, block.stream)
+        self._wait_for_stream(block.stream, waited)  # its last use may still be running
         self._unmap_block(block, lowest=bottom)
         return top - bottom
 
