@@ -215,7 +215,7 @@ class World:
         assert isinstance(error, MemoryError)
         assert stats["num_ooms"] == before["num_ooms"] + 1
         assert error.requested_bytes == nbytes
-        alloc_size = segment_size(rounded)
+        alloc_size = round_up(rounded, SMALL_PAGE) if self.arenas else segment_size(rounded)
         assert error.allocation_bytes == alloc_size
         for key in ("allocation", "allocated_bytes"):
             for kind in ("all", "small_pool", "large_pool"):

@@ -347,7 +347,10 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             adopted = self._adopt(pool, size, stream)
             if adopted is not None:
                 return adopted
-        alloc_size = segment_size(size, self.config.large_segment_size)
+        if self._arenas:  # what its map needs at most: the request in whole pages
+            alloc_size = -(-size // K_SMALL_BUFFER) * K_SMALL_BUFFER
+        else:
+            alloc_size = segment_size(size, self.config.large_segment_size)
         gc = self.config.garbage_collection_threshold > 0 and not self._arenas
         if self._allowed_max is not None and gc:
             self._garbage_collect()
@@ -1085,6 +1088,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             self._allowed_max,
             self._expandable,
             self._source.supports_expandable,
+            self._arenas,
         )
 
     # ------------------------------------------------------------------ private pools
