@@ -181,3 +181,8 @@ def test_accelrt_empty_uses_the_policy_on_sim(sim: str) -> None:
     assert second.ptr == address  # adopted by the side stream
     assert acc.memory_stats()["num_device_alloc"] == 1
     second.free()
+    settings = acc.memory.memory_snapshot()["allocator_settings"]
+    assert settings["policy"] == "accelrt"
+    assert settings["accelrt_policy"] == [
+        {"device": 0, "adoptions": 1, "reclaims": 0, "pages_moved": 0}
+    ]

@@ -132,11 +132,16 @@ def memory_snapshot(mempool_id: PoolId | None = None, include_traces: bool = Tru
     Notes
     -----
     Creates no allocator and initialises nothing. Mirrors ``torch.cuda.memory._snapshot``
-    (and its ``mempool_id`` and ``include_traces`` arguments).
+    (and its ``mempool_id`` and ``include_traces`` arguments). Under ``policy:accelrt``,
+    ``allocator_settings["accelrt_policy"]`` lists each device's adoptions, reclaims and pages
+    moved (docs/allocator.md section 16.4); PyTorch's readers ignore the key.
     """
     backend = _runtime.require_accelerator()
     segments = []
     traces: list[list[TraceEntry]] = []
+    config = _registry.allocator_config()
+    settings = config.to_torch_settings()
+    counters: list[dict[str, int]] = []  # policy:accelrt's, per device (accelrt only)
     for index in range(backend.device_count()):
         allocator = _registry.peek_allocator(backend, index)
         if allocator is None:
@@ -145,10 +150,13 @@ def memory_snapshot(mempool_id: PoolId | None = None, include_traces: bool = Tru
         device_segments, entries = allocator.snapshot(mempool_id, include_traces)
         segments.extend(device_segments)
         traces.append(entries)
+        counters.append({"device": index, **allocator.policy_counters})
+    if config.policy == "accelrt":
+        settings["accelrt_policy"] = counters
     return Snapshot(
         segments=segments,
         device_traces=traces,
-        allocator_settings=_registry.allocator_config().to_torch_settings(),
+        allocator_settings=settings,
         accelrt_schema_version=SNAPSHOT_SCHEMA_VERSION,
     )
 
