@@ -383,7 +383,9 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         return block
 
     def _expandable_candidate(self, pool: BlockPool, size: int, stream: int) -> Block | None:
-        """Best fit when the first candidate is in an expandable segment (section 3)."""
+        """Best fit when the first candidate is in an expandable segment (section 3).
+
+        Compiled twin: device/_native.pyx ``BlockPool.expandable_fit``."""
         candidates = pool.candidates(stream, size)
         current = next(candidates)
         if not self._expandable:  # switched off after some were made: skip their blocks

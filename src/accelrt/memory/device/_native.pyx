@@ -321,6 +321,30 @@ cdef class BlockPool:
             return None
         return <Block>free_list[0][i].block
 
+    cdef Block expandable_fit(self, int64_t stream, int64_t size, bint expandable):
+        """memory/device/_allocator.py ``_expandable_candidate``: the best fit when the first
+        candidate is in an expandable segment (docs/allocator.md section 3); the stream has a
+        block of at least ``size`` bytes."""
+        cdef FreeList* free_list = self.stream_list(stream)
+        cdef size_t i = free_list_lower_bound(free_list[0], size, INT64_MIN)
+        cdef size_t n = free_list.size()
+        cdef Block current = <Block>free_list[0][i].block
+        cdef Block candidate
+        if not expandable:  # switched off after some were made: skip their blocks
+            for i in range(i + 1, n):
+                candidate = <Block>free_list[0][i].block
+                if not candidate._expandable:
+                    return candidate
+            return None
+        for i in range(i + 1, n):
+            if not current._expandable:
+                break
+            candidate = <Block>free_list[0][i].block
+            if _growable_size(candidate) >= _growable_size(current):
+                break
+            current = candidate
+        return current
+
     def insert(self, Block block not None):
         """Add a free mapped block; its garbage-collection age starts now."""
         self.add(block)
@@ -744,7 +768,7 @@ cdef class HotPath:
         if block is None:
             return None
         if block._expandable:
-            block = self._expandable_candidate(pool, size, stream)
+            block = pool.expandable_fit(stream, size, self._expandable)
             if block is None:
                 return None
         cdef int64_t max_split = self._max_split_c
@@ -922,6 +946,15 @@ cdef class HotPath:
     @staticmethod
     def _try_merge(Block dst not None, Block src, BlockPool pool not None):
         return _merge(dst, src, pool)
+
+
+cdef inline int64_t _growable_size(Block block) noexcept:
+    """memory/device/_allocator.py ``_growable_size``: a free block's size plus the unmapped
+    block after it."""
+    cdef Block following = block.next
+    if following is not None and not following.mapped:
+        return block.size + following.size
+    return block.size
 
 
 cdef int64_t _merge(Block dst, Block src, BlockPool pool):
