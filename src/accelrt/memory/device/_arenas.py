@@ -304,7 +304,7 @@ class SharedArenas:
             ),
             key=lambda item: item[:3],
         )
-        live: dict[int, int] = {}  # small arena address -> its allocated bytes
+        live: dict[int, int] = {}  # small arena address -> its mapped bytes not free
         waited: set[int] = set()
         got = 0
         for own_pool_only in (True, False):
@@ -317,9 +317,11 @@ class SharedArenas:
                     continue  # inside the run about to be mapped
                 segment = block.segment
                 assert isinstance(segment, ExpandableSegment)
-                if block.pool.is_small and not pool.is_small:
-                    if segment.address not in live:
-                        live[segment.address] = _allocated_bytes(block)
+                if block.pool.is_small and not pool.is_small and block.size < 2 * PAGE:
+                    # (a free block of two pages or more leaves its arena two idle pages)
+                    if segment.address not in live:  # its bytes not free: allocated, pending
+                        free = sum(b.size for b in block.pool.blocks() if b.segment is segment)
+                        live[segment.address] = segment.mapped_bytes - free
                     if segment.mapped_bytes - live[segment.address] < 2 * PAGE:
                         continue
                 got += self._unmap_idle_pages(block, want - got, waited)
@@ -343,17 +345,3 @@ class SharedArenas:
 def _free_of(block: Block, stream: int) -> bool:
     """Whether ``block`` is free and owned by ``stream``."""
     return block.is_free() and block.stream == stream
-
-
-def _allocated_bytes(block: Block) -> int:
-    """The bytes of allocated blocks in ``block``'s segment."""
-    first = block
-    while first.prev is not None:
-        first = first.prev
-    total = 0
-    walk: Block | None = first
-    while walk is not None:
-        if walk.allocated:
-            total += walk.size
-        walk = walk.next
-    return total
