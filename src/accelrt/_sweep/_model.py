@@ -14,7 +14,7 @@ from typing import Any
 
 from .._units import MAX_BYTES
 from .._verdict import oom_verdict
-from ..memory._config import RECORDED
+from ..memory._config import RECORDED, AllocatorConfig
 from ..replay import ReplayReport
 
 _REPORT_KEYS = tuple(
@@ -209,10 +209,19 @@ class SettingSummary:
             )
         return "" if self.config == "defaults" else self.config
 
+    @property
+    def accelrt_only(self) -> bool:
+        """Whether only accelrt can use the setting: it names ``policy:accelrt``, which
+        PyTorch's allocator does not have (docs/allocator.md section 16)."""
+        if self.config in (RECORDED, "defaults"):
+            return False
+        return AllocatorConfig.parse(self.config).policy != "pytorch"
+
     def to_dict(self) -> dict[str, Any]:
         """Return the summary row as JSON-serialisable data (``fits`` as a list of objects)."""
         data = dataclasses.asdict(self)
         data["fits"] = [{"capacity": c, "traces": n} for c, n in self.fits]
+        data["accelrt_only"] = self.accelrt_only
         return data
 
 
@@ -378,10 +387,13 @@ class SweepResults(list[SweepResult]):
         ranked = sorted(rows, key=key)  # stable: ties keep the order the settings were given
         return [dataclasses.replace(s, rank=i + 1) for i, s in enumerate(ranked)]
 
-    def winner(self) -> SettingSummary | None:
-        """Return the best-ranked named setting (``"recorded"`` is not one); None if none ran."""
+    def winner(self, *, pytorch: bool = False) -> SettingSummary | None:
+        """Return the best-ranked named setting (``"recorded"`` is not one); None if none ran.
+
+        With ``pytorch``, the best one PyTorch can use too (not ``accelrt_only``).
+        """
         for s in self.summary():
-            if s.config != RECORDED and s.traces:
+            if s.config != RECORDED and s.traces and not (pytorch and s.accelrt_only):
                 return s
         return None
 
@@ -394,9 +406,12 @@ class SweepResults(list[SweepResult]):
             ``traces``, ``configs``, ``capacities``, ``find_capacity``, ``scheduler``,
             ``results`` (one :meth:`SweepResult.to_dict` per combination), ``summary`` (the
             :meth:`summary` rows) and ``winner`` (``{"config", "PYTORCH_CUDA_ALLOC_CONF",
-            "ACCELRT_ALLOC_CONF"}``, or None).
+            "ACCELRT_ALLOC_CONF", "accelrt_only"}``, or None; ``PYTORCH_CUDA_ALLOC_CONF`` is the
+            best setting PyTorch can use, which differs when the winner is accelrt only, and
+            None when no such setting ran).
         """
         win = self.winner()
+        for_torch = self.winner(pytorch=True)
         return {
             "traces": self.traces,
             "configs": self.configs,
@@ -409,8 +424,9 @@ class SweepResults(list[SweepResult]):
             if win is None
             else {
                 "config": win.config,
-                "PYTORCH_CUDA_ALLOC_CONF": win.env_value,
+                "PYTORCH_CUDA_ALLOC_CONF": None if for_torch is None else for_torch.env_value,
                 "ACCELRT_ALLOC_CONF": win.env_value,
+                "accelrt_only": win.accelrt_only,
             },
         }
 
