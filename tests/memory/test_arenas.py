@@ -186,3 +186,16 @@ def test_accelrt_empty_uses_the_policy_on_sim(sim: str) -> None:
     assert settings["accelrt_policy"] == [
         {"device": 0, "adoptions": 1, "reclaims": 0, "pages_moved": 0}
     ]
+
+
+def test_a_private_pools_free_pages_are_never_moved() -> None:
+    """A captured graph may still use a private pool's freed addresses: its pages stay."""
+    _, alloc = allocator("policy:accelrt")
+    alloc.begin_allocate_to_pool((0, 1))
+    kept = alloc.malloc(60 * MiB, 0)
+    alloc.end_allocate_to_pool((0, 1))
+    alloc.free(kept)
+    alloc.malloc(100 * MiB, 0)  # above the budget (100.5 MiB), but nothing may move
+    stats = alloc.memory_stats()
+    assert stats["reserved_bytes.all.current"] == 160 * MiB
+    assert stats["num_device_free"] == 0

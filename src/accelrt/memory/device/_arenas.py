@@ -30,7 +30,7 @@ from typing import Any
 
 from ...backends._base import Backend
 from .._policy import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
-from ._block import SHARED_STREAM, AnySegment, Block, BlockPool, ExpandableSegment
+from ._block import DEFAULT_POOL_ID, SHARED_STREAM, AnySegment, Block, BlockPool, ExpandableSegment
 from ._source import MemorySource
 from ._stats import DeviceStats
 
@@ -292,13 +292,15 @@ class SharedArenas:
 
     def _reclaim(self, pool: BlockPool, want: int, lo: int, hi: int) -> int:
         """Unmap up to ``want`` bytes of whole idle pages of free arena blocks (16.2 step
-        5.2): ``pool``'s blocks first, then every pool's; oldest stamp first (then arena,
-        address); the highest pages of a block first; a small arena keeps its last idle page
-        from a large request. Returns the bytes unmapped."""
+        5.2): ``pool``'s blocks first, then the other default pool's (never a private pool's:
+        a captured graph may still use its free blocks' addresses); oldest stamp first (then
+        arena, address); the highest pages of a block first; a small arena keeps its last idle
+        page from a large request. Returns the bytes unmapped."""
         victims = sorted(
             (
                 (block.stamp, self._arena_order[block.segment.address], block.address, block)
                 for arena_pool in self._all_pools()
+                if arena_pool.pool_id == DEFAULT_POOL_ID  # a graph may replay a private one's
                 for block in arena_pool.blocks()
                 if block.segment.stream == SHARED_STREAM and block.size >= PAGE
             ),
