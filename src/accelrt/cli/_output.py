@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from ..replay import ReplayReport
     from ..trace import Trace
+    from ..trace._snapshot_schema import FileSnapshot
     from ..view import View
     from ..view._categories import CategoryRule
 
@@ -62,7 +63,7 @@ def _write_png(view: Any, path: str, render: Callable[[Any, str], None] | None =
 
 
 def _view(
-    snapshot: dict[str, Any] | None,
+    snapshot: FileSnapshot | None,
     trace: Trace,
     report: ReplayReport | None,
     rules: Sequence[CategoryRule] = (),

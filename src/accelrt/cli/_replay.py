@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..memory._config import AllocatorConfig, Setting
     from ..replay import ReplayReport
     from ..trace import Trace
+    from ..trace._snapshot_schema import FileSnapshot
 
 
 def _default_device() -> str:
@@ -89,7 +90,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.device is not None:
         _check_device(args.device, args.capacity)
     # the readers refuse a malformed file with an InputError naming it (one line)
-    snapshot: dict[str, Any] | None = None
+    snapshot: FileSnapshot | None = None
     show_progress = _show_progress(args)
     kind = sniff(args.trace)
     if kind == "pickle":

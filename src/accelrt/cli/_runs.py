@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..replay import ReplayReport
     from ..trace import Trace
     from ..trace._plain_pickle import ByteProgress
-    from ..trace._snapshot_schema import CheckedSnapshot
+    from ..trace._snapshot_schema import CheckedSnapshot, FileSnapshot
 
 
 _SNAPSHOT = "a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot)"
@@ -86,7 +86,7 @@ def _refuse_other_kinds(path: str, kind: str) -> None:
 
 
 def _check_device_index(
-    path: str, snapshot: dict[str, Any], index: int | None, *, history: bool = True
+    path: str, snapshot: FileSnapshot, index: int | None, *, history: bool = True
 ) -> None:
     """Refuse a ``--device-index`` the same way in every command: a device the snapshot does not
     have (the message names those it has) or, where ``history`` matters and another device has

@@ -24,7 +24,7 @@ from ..memory._policy import (
 )
 from ._format import TraceFormatError
 from ._recording import UNLIMITED_CAPACITY, UNMAPPED, BlockState, SegmentState
-from ._snapshot_schema import ALLOCATED_STATES, MAX_FILE_VALUE
+from ._snapshot_schema import ALLOCATED_STATES, MAX_FILE_VALUE, FileEntry, FileSegment
 
 __all__ = [
     "Rewind",
@@ -322,7 +322,7 @@ def restorable(segment: SegmentState) -> bool:
 
 
 def expandable_groups(
-    end_segments: list[dict[str, Any]],
+    end_segments: list[FileSegment],
 ) -> list[tuple[int, int, int, bool, list[BlockState]]]:
     """Join the mapped ranges of each (stream, pool) into one span of an expandable segment.
 
@@ -331,7 +331,7 @@ def expandable_groups(
     mapped ranges are unmapped blocks. (The rewind widens it to pages unmapped during the
     recording: ``Rewind.undo_segment_unmap``.)
     """
-    groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    groups: dict[tuple[int, bool], list[FileSegment]] = {}
     for seg in end_segments:
         key = (seg.get("stream", 0), seg.get("segment_type") == "small")
         groups.setdefault(key, []).append(seg)
@@ -349,7 +349,7 @@ def expandable_groups(
     return out
 
 
-def range_pools(entries: list[dict[str, Any]], large_page: int) -> dict[int, bool]:
+def range_pools(entries: list[FileEntry], large_page: int) -> dict[int, bool]:
     """Whether each ``segment_map``/``segment_unmap`` entry (by index) is of the small pool.
 
     A history entry does not name its pool; the large pool maps whole large pages, so a size
@@ -363,7 +363,7 @@ def range_pools(entries: list[dict[str, Any]], large_page: int) -> dict[int, boo
     }
 
 
-def blocks_of(segment: dict[str, Any]) -> list[BlockState]:
+def blocks_of(segment: FileSegment) -> list[BlockState]:
     """A segment's blocks; an allocated block's requested bytes are kept in ``[1, size]``."""
     return [
         BlockState(
@@ -377,7 +377,7 @@ def blocks_of(segment: dict[str, Any]) -> list[BlockState]:
     ]
 
 
-def pool_returns(entries: list[dict[str, Any]], end_segments: list[dict[str, Any]]) -> set[int]:
+def pool_returns(entries: list[FileEntry], end_segments: list[FileSegment]) -> set[int]:
     """The indices of the entries where a block went back to its pool.
 
     A block goes back at its ``free_completed``, which comes after its ``free_requested`` when

@@ -14,6 +14,7 @@ import numpy as np
 from ..memory.history._history import SegmentInfo
 from ..trace._columns import OP_EMPTY_CACHE, OP_FREE
 from ..trace._format import Trace
+from ..trace._snapshot_schema import FileSegment
 from ._model import View, _failed_events, _freed
 
 if TYPE_CHECKING:
@@ -136,9 +137,7 @@ class _Moments:
         self.sizes = view.size.tolist()
         self.previous: dict[int, list[Any]] = {}
 
-    def moment(
-        self, state: int, segments: Sequence[SegmentInfo] | Sequence[dict[str, Any]]
-    ) -> dict[str, Any]:
+    def moment(self, state: int, segments: Sequence[SegmentInfo | FileSegment]) -> dict[str, Any]:
         view, sizes = self.view, self.sizes
         live = view.live_at(state)
         by_addr = dict(zip(view.addr[live].tolist(), live.tolist(), strict=True))
@@ -169,7 +168,7 @@ class _Moments:
                 if owner >= 0:
                     used.add(owner)
                 add([blk["size"], code, owner])
-            row = [
+            row: list[Any] = [
                 seg["address"],
                 seg["total_size"],
                 seg.get("stream", 0),

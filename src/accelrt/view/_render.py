@@ -23,6 +23,7 @@ import numpy.typing as npt
 from .._text import printable
 from .._units import format_bytes
 from ..memory.history._history import SegmentInfo
+from ..trace._snapshot_schema import FileSegment
 from ._model import View
 from ._stacks import CleanStack
 
@@ -315,7 +316,7 @@ def render_png(view: View, path: str | os.PathLike[str]) -> None:
     plt.close(fig)
 
 
-def segment_text(segments: list[SegmentInfo] | list[dict[str, Any]], width: int = 48) -> str:
+def segment_text(segments: Sequence[SegmentInfo | FileSegment], width: int = 48) -> str:
     """A text map of segments (like ``torch.cuda._memory_viz.segsum``).
 
     One line per segment: address, size, allocated and free bytes, and a bar of ``width``
