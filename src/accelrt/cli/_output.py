@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .._errors import InputError
 from .._text import printable
@@ -101,7 +101,7 @@ def _write_views(
     png_path: str | None,
     *,
     title: str,
-    stream: Any,
+    stream: TextIO,
 ) -> None:
     """Write the pictures, one per recorded device: one HTML file (headed ``title``) with a
     section each, and a PNG each (``out_devN.png`` when there are several); say what was

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import one_line, printable
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..replay import ReplayReport
     from ..trace import Trace
     from ..trace._snapshot_schema import FileSnapshot
+    from ._main import _Parser
 
 
 def _default_device() -> str:
@@ -180,14 +181,14 @@ def _interaction_warning(configs: Sequence[AllocatorConfig]) -> str | None:
     return None if warning is None else f"warning: {warning}"
 
 
-def _report_dict(report: ReplayReport, setting: Setting, trace: Trace) -> dict[str, Any]:
+def _report_dict(report: ReplayReport, setting: Setting, trace: Trace) -> dict[str, object]:
     """``report.to_dict()`` with ``recorded_device`` after ``trace`` and ``config_source``
     (where the setting came from) after ``config``."""
-    extra: dict[str, dict[str, Any]] = {
+    extra: dict[str, dict[str, object]] = {
         "trace": {"recorded_device": _recorded_device(trace)},
         "config": {"config_source": setting.source},
     }
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     for key, value in report.to_dict().items():
         data[key] = value
         data.update(extra.get(key, {}))
@@ -200,7 +201,7 @@ def _replay_json(
     settings: Sequence[Setting],
     configs: Sequence[Sequence[AllocatorConfig]],
     runs: Sequence[Sequence[ReplayReport]],
-) -> Any:
+) -> object:
     """What ``replay --json`` prints: one trace's report (a list of them with several settings);
     for several recorded devices, ``{"trace", "recorded_devices", "reports", "totals"}``. Each
     report has the OOM ``verdict`` on its trace's replays (None where nothing ran out)."""
@@ -222,7 +223,7 @@ def _replay_json(
     }
 
 
-def _add_replay_parser(sub: Any) -> None:
+def _add_replay_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     """The ``replay`` command's options."""
     rep = sub.add_parser("replay", help="replay an allocation trace through the caching allocator")
     rep.add_argument("trace", help="an accelrt trace (.jsonl.gz) or a PyTorch snapshot pickle")

@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import printable, shown
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ..trace._snapshot_schema import FileSnapshot
     from ..view import View
     from ..view._categories import CategoryRule
+    from ._main import _Parser
 
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
@@ -291,7 +292,7 @@ def _cmd_snapshot_stacks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_snapshot_parser(sub: Any) -> None:
+def _add_snapshot_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     """The ``snapshot`` commands' options."""
     snap = sub.add_parser("snapshot", help="look into a memory snapshot pickle (PyTorch's or ours)")
     snap_sub = snap.add_subparsers(

@@ -8,7 +8,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import printable
@@ -28,6 +28,9 @@ from ._args import (
     _workers_arg,
 )
 from ._output import _write_png
+
+if TYPE_CHECKING:
+    from ._main import _Parser
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -109,14 +112,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if any(r.error for r in results) else 0
 
 
-def _print_dashboard(client: Any) -> None:
+def _print_dashboard(client: object) -> None:
     """Say where the connected cluster's dashboard is, on stderr."""
     link = getattr(client, "dashboard_link", None)
     if link:
         print(f"accelrt sweep: Dask dashboard at {printable(str(link))}", file=sys.stderr)
 
 
-def _add_sweep_parser(sub: Any) -> None:
+def _add_sweep_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     swp = sub.add_parser(
         "sweep",
         help="replay traces under many settings and capacities, in parallel (Dask)",
