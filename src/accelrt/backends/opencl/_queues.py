@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ..._stream_ops import SVMStreamOps  # the build where there is one (_compiled.py)
 from ._cl import (
@@ -156,7 +156,7 @@ class _CLStream(SVMStreamOps):
         return status == _CL_COMPLETE
 
     # synchronize: QueueStreamOps's (compiled where it can be), with these two
-    def missing(self) -> None:
+    def missing(self) -> NoReturn:
         """Raise the ``ValueError`` of an unknown handle (the stream was destroyed)."""
         raise _no_stream(self.device.index, self.handle)
 
