@@ -14,6 +14,7 @@ from .._text import one_line, printable
 from ._args import (
     _DEVICE_INDEX_HELP,
     MAX_DEVICE_INDEX,
+    SubParsers,
     _add_category_option,
     _add_start_option,
     _capacity_arg,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from ..replay import ReplayReport
     from ..trace import Trace
     from ..trace._snapshot_schema import FileSnapshot
-    from ._main import _Parser
 
 
 def _default_device() -> str:
@@ -223,7 +223,7 @@ def _replay_json(
     }
 
 
-def _add_replay_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_replay_parser(sub: SubParsers) -> None:
     """The ``replay`` command's options."""
     rep = sub.add_parser("replay", help="replay an allocation trace through the caching allocator")
     rep.add_argument("trace", help="an accelrt trace (.jsonl.gz) or a PyTorch snapshot pickle")

@@ -15,6 +15,7 @@ from .._text import printable, shown
 from .._units import format_bytes
 from ._args import (
     _DEVICE_INDEX_HELP,
+    SubParsers,
     _add_category_option,
     _check_png,
     _config_arg,
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from ..trace._snapshot_schema import FileSnapshot
     from ..view import View
     from ..view._categories import CategoryRule
-    from ._main import _Parser
 
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
@@ -292,7 +292,7 @@ def _cmd_snapshot_stacks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_snapshot_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_snapshot_parser(sub: SubParsers) -> None:
     """The ``snapshot`` commands' options."""
     snap = sub.add_parser("snapshot", help="look into a memory snapshot pickle (PyTorch's or ours)")
     snap_sub = snap.add_subparsers(

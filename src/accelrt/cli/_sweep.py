@@ -8,12 +8,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import printable
 from ._args import (
     _DEVICE_INDEX_HELP,
+    SubParsers,
     _add_start_option,
     _capacity_arg,
     _check_png,
@@ -28,9 +28,6 @@ from ._args import (
     _workers_arg,
 )
 from ._output import _write_png
-
-if TYPE_CHECKING:
-    from ._main import _Parser
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -119,7 +116,7 @@ def _print_dashboard(client: object) -> None:
         print(f"accelrt sweep: Dask dashboard at {printable(str(link))}", file=sys.stderr)
 
 
-def _add_sweep_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_sweep_parser(sub: SubParsers) -> None:
     swp = sub.add_parser(
         "sweep",
         help="replay traces under many settings and capacities, in parallel (Dask)",
