@@ -41,6 +41,8 @@ class _Owning(Protocol[_B, _A]):
     def _block(self) -> _B | None: ...
     @property
     def _allocator(self) -> _A | None: ...
+    @property
+    def nbytes(self) -> int: ...
     def _no_block_error(self) -> ValueError: ...
 
 
@@ -65,7 +67,8 @@ class MemoryHandle:
     __slots__ = ()
     nbytes: int
 
-    if TYPE_CHECKING:
+    if TYPE_CHECKING:  # a field of each handle (Buffer's two cores, HostBuffer)
+        _pin: ExportPin | weakref.ref[ExportPin] | None
 
         def free(self) -> None: ...
         def numpy(self) -> npt.NDArray[np.uint8]: ...
@@ -99,10 +102,9 @@ class MemoryHandle:
         return allocator
 
     @property
-    def freed(self) -> bool:
+    def freed(self: _Owning[object, object]) -> bool:
         """True once the memory has been given back."""
-        handle: Any = self  # a Buffer or HostBuffer: both have _block
-        return handle._block is None and self.nbytes > 0
+        return self._block is None and self.nbytes > 0
 
     def __dlpack__(self, *, stream: object = None, **kwargs: Any) -> object:
         """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
@@ -152,8 +154,7 @@ class MemoryHandle:
 
     def _live_pin(self) -> ExportPin | None:
         """The pin of this handle's live exports, or None when there is none."""
-        handle: Any = self  # a Buffer or HostBuffer: both have _pin, _block and _allocator
-        held: ExportPin | weakref.ref[ExportPin] | None = handle._pin
+        held = self._pin
         if held is None or isinstance(held, ExportPin):  # kept for the handle's lifetime
             return held
         return held()  # a weak reference: None once the last export died
@@ -167,7 +168,7 @@ class MemoryHandle:
                 pin = self._live_pin()
                 if pin is None:
                     pin = ExportPin()
-                    handle: Any = self
+                    handle: Any = self  # (mypy: _pin is in the subclasses' __slots__)
                     handle._pin = weakref.ref(pin)
         return pin
 
