@@ -13,7 +13,7 @@ Device(type='opencl', index=None)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # first: chooses the build or the Python source of the modules compiled from Python source
 from . import _compiled as _compiled
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from ._sweep import sweep as sweep
 else:
 
-    def sweep(*args: Any, **kwargs: Any) -> Any:
+    def sweep(*args: object, **kwargs: object) -> object:
         """Replay traces under a grid of allocator settings and capacities, in parallel.
 
         The signature, documentation and errors are those of ``accelrt._sweep.sweep``

@@ -17,11 +17,10 @@ import os
 import warnings
 import weakref
 from types import TracebackType
-from typing import Any
 
 from . import _runtime
 from ._stream import CAPTURING, Stream, current_stream
-from .backends._base import Backend, GraphCapture
+from .backends._base import Backend, GraphCapture, GraphHandle
 from .memory._atomic import finaliser
 from .memory.device._block import PoolId
 from .memory.device._core import CachingAllocator
@@ -109,8 +108,8 @@ class Graph:
         pool: MemPool | PoolId | None = None,
         capture_error_mode: str = "default",
     ) -> None:
-        self._graph: Any = None
-        self._exec: Any = None
+        self._graph: GraphHandle | None = None
+        self._exec: GraphHandle | None = None
         self._capturing = False
         self._holds_pool = False  # a capture counts in the pool's use_count until reset
         self._debug = False  # enable_debug_mode: keep the captured graph for debug_dump

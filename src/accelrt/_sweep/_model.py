@@ -10,12 +10,16 @@ import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._units import MAX_BYTES
 from .._verdict import oom_verdict
 from ..memory._config import RECORDED, AllocatorConfig
 from ..replay import ReplayReport
+
+if TYPE_CHECKING:
+    import pandas
+    import pyarrow
 
 _REPORT_KEYS = tuple(
     f.name
@@ -100,7 +104,7 @@ class SweepResult:
         """Allocations that ran out of memory; None if the replay failed."""
         return self.report.num_ooms if self.report is not None else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Return the combination as JSON-serialisable data.
 
         Returns
@@ -115,7 +119,7 @@ class SweepResult:
             this replay alone, as ``accelrt replay --json`` gives it: ``accelrt._verdict``).
         """
         report = self.report.to_dict() if self.report is not None else {}
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             "trace": self.trace,
             "config": self.config,
             "config_source": self.config_source,
@@ -130,7 +134,7 @@ class SweepResult:
         data["verdict"] = oom_verdict([self.report]) if self.report is not None else None
         return data
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, object]:
         """Return :meth:`to_dict` with scalar values only, for CSV, Parquet and data frames.
 
         ``ooms`` (a list) is left out (``num_ooms`` counts them) and ``notes`` are joined
@@ -139,7 +143,7 @@ class SweepResult:
         data = self.to_dict()
         del data["ooms"]
         notes = data["notes"]
-        data["notes"] = "; ".join(notes) if notes is not None else None
+        data["notes"] = "; ".join(notes) if isinstance(notes, list) else None  # (or None)
         return data
 
 
@@ -217,7 +221,7 @@ class SettingSummary:
             return False
         return AllocatorConfig.parse(self.config).policy != "pytorch"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Return the summary row as JSON-serialisable data (``fits`` as a list of objects)."""
         data = dataclasses.asdict(self)
         data["fits"] = [{"capacity": c, "traces": n} for c, n in self.fits]
@@ -265,15 +269,15 @@ class SweepResults(list[SweepResult]):
         self.find_capacity = find_capacity
         self.scheduler = scheduler
 
-    def to_dicts(self) -> list[dict[str, Any]]:
+    def to_dicts(self) -> list[dict[str, object]]:
         """Return every combination's :meth:`SweepResult.to_dict`, in order."""
         return [r.to_dict() for r in self]
 
-    def to_records(self) -> list[dict[str, Any]]:
+    def to_records(self) -> list[dict[str, object]]:
         """Return every combination's :meth:`SweepResult.to_record` (scalars only)."""
         return [r.to_record() for r in self]
 
-    def to_arrow(self) -> Any:
+    def to_arrow(self) -> pyarrow.Table:
         """Return the results as a ``pyarrow.Table``, one row per combination.
 
         Raises
@@ -290,7 +294,7 @@ class SweepResults(list[SweepResult]):
             return pa.table({key: [] for key in SweepResult("", "", None).to_record()})
         return pa.Table.from_pylist(records)
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> pandas.DataFrame:
         """Return the results as a ``pandas.DataFrame``, one row per combination.
 
         Raises
@@ -397,7 +401,7 @@ class SweepResults(list[SweepResult]):
                 return s
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """Return what ``accelrt sweep --json`` prints.
 
         Returns

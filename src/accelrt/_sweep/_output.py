@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._text import printable
 from .._units import format_bytes
@@ -13,6 +13,9 @@ from ..memory._config import setting_text
 from ..replay import ReplayReport
 from ..trace._recording import UNLIMITED_CAPACITY
 from ._model import SweepResult, SweepResults
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _capacity_text(capacity: int | None) -> str:
@@ -36,7 +39,7 @@ def _start_text(report: ReplayReport | None) -> str:
     return f"modelled {format_bytes(low)}-{format_bytes(high)}"
 
 
-def print_results(results: SweepResults, console: Any) -> None:
+def print_results(results: SweepResults, console: Console) -> None:
     """Print the per-trace table, the fleet summary and the winner with rich.
 
     Parameters

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._cl import _CL_COMPLETE, _EXECUTION_STATUS, _import_cl, _raise_driver_error
 from ._devices import _Devices
 from ._queues import OpenCLEvent, _CLStream, _drop_completed, _finish, _no_stream, _svm
+
+if TYPE_CHECKING:
+    import pyopencl
 
 
 class _StreamsEvents(_Devices):
@@ -33,7 +36,7 @@ class _StreamsEvents(_Devices):
             raise _no_stream(index, stream)
         return found
 
-    def queue(self, index: int, stream: int) -> Any:
+    def queue(self, index: int, stream: int) -> pyopencl.CommandQueue:
         """Return the ``pyopencl.CommandQueue`` behind a stream handle (for native interop).
 
         Raises
@@ -41,7 +44,10 @@ class _StreamsEvents(_Devices):
         ValueError
             If ``stream`` is not a live stream of device ``index``.
         """
-        return self._stream(index, stream).queue
+        queue = self._stream(index, stream).queue
+        if queue is None:  # destroyed by another thread meanwhile
+            raise _no_stream(index, stream)
+        return queue
 
     def native_stream(self, index: int, stream: int) -> int:
         """Return the ``cl_command_queue`` behind a stream handle, as an int (``Stream.
@@ -57,7 +63,8 @@ class _StreamsEvents(_Devices):
         found = state.streams.pop(stream, None)
         if found is not None:
             queue, found.queue = found.queue, None
-            queue.finish()
+            if queue is not None:  # (popped once: it is)
+                queue.finish()
             found.last = None
             found.keep.clear()
 
@@ -72,7 +79,7 @@ class _StreamsEvents(_Devices):
         """``clFinish`` on the queue."""
         self._stream(index, stream).synchronize()
 
-    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+    def stream_wait_event(self, index: int, stream: int, event: OpenCLEvent) -> None:
         """Enqueue a barrier that waits for the event's marker."""
         if event.marker is not None:
             found = self._stream(index, stream)
@@ -83,15 +90,15 @@ class _StreamsEvents(_Devices):
         """Return an unrecorded event (markers are made when it is recorded)."""
         return OpenCLEvent(index, timing)
 
-    def event_record(self, event: Any, index: int, stream: int) -> None:
+    def event_record(self, event: OpenCLEvent, index: int, stream: int) -> None:
         """Enqueue a marker on the stream's queue."""
         self._stream(index, stream).record(event)
 
-    def event_destroy(self, event: Any) -> None:
+    def event_destroy(self, event: OpenCLEvent) -> None:
         """Drop the event's marker (pyopencl releases the ``cl_event`` with it)."""
         event.marker = None
 
-    def event_query(self, event: Any) -> bool:
+    def event_query(self, event: OpenCLEvent) -> bool:
         """True if unrecorded or the marker has completed."""
         marker = event.marker
         if marker is None:
@@ -103,22 +110,23 @@ class _StreamsEvents(_Devices):
             raise
         return status == _CL_COMPLETE
 
-    def event_synchronize(self, event: Any) -> None:
+    def event_synchronize(self, event: OpenCLEvent) -> None:
         """``clWaitForEvents`` on the marker; forget the host objects of the stream's copies
         that have finished (those before the marker have)."""
         marker = event.marker
         if marker is not None:
             try:
                 marker.wait()
-                keep = event.stream.keep
-                if keep:
-                    _drop_completed(keep)
+                stream = event.stream  # recorded with the marker
+                if stream is not None and stream.keep:
+                    _drop_completed(stream.keep)
             except Exception as exc:
                 _raise_driver_error("event_synchronize", exc)
                 raise
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+    def event_elapsed_ms(self, start: OpenCLEvent, end: OpenCLEvent) -> float:
         """Difference of the markers' profiled end times, in milliseconds."""
+        assert start.marker is not None and end.marker is not None  # Event checks: recorded
         return float(end.marker.profile.end - start.marker.profile.end) / 1e6
 
     # copies

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..._errors import AcceleratorError
 from ._devices import _Devices
 from ._queues import XPUEvent, _complete, _drop_completed, _no_stream, _XPUStream
 from ._sycl import _describe, _memset_lib, _raise_driver_error
+
+if TYPE_CHECKING:
+    from dpctl import SyclQueue
 
 
 class _StreamsEvents(_Devices):
@@ -24,7 +27,7 @@ class _StreamsEvents(_Devices):
         state.streams[handle] = _XPUStream(state, handle, state.new_queue(), owned=True)
         return handle
 
-    def adopt_queue(self, index: int, queue: Any) -> int:
+    def adopt_queue(self, index: int, queue: SyclQueue) -> int:
         """Give a user's ``dpctl.SyclQueue`` a stream handle of device ``index``.
 
         Parameters
@@ -87,12 +90,12 @@ class _StreamsEvents(_Devices):
             raise _no_stream(index, stream)
         return found
 
-    def queue(self, index: int, stream: int) -> Any:
+    def queue(self, index: int, stream: int) -> SyclQueue:
         """Return the ``dpctl.SyclQueue`` behind a stream handle (for native interop).
 
         Raises ``ValueError`` if ``stream`` is not a live stream of device ``index``.
         """
-        return self._stream(index, stream).queue
+        return self._stream(index, stream).live_queue()
 
     def native_stream(self, index: int, stream: int) -> int:
         """Return the ``DPCTLSyclQueueRef`` of a stream's queue as an int (``Stream.
@@ -108,7 +111,7 @@ class _StreamsEvents(_Devices):
         found = state.streams.pop(stream, None)
         if found is not None:
             queue, found.queue = found.queue, None
-            if found.owned:
+            if found.owned and queue is not None:  # (popped once: it is)
                 queue.wait()
             found.last = None
             found.keep.clear()
@@ -124,27 +127,27 @@ class _StreamsEvents(_Devices):
         """``queue.wait()``."""
         self._stream(index, stream).synchronize()
 
-    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+    def stream_wait_event(self, index: int, stream: int, event: XPUEvent) -> None:
         """Submit a barrier that waits for the event's marker (``submit_barrier([marker])``)."""
         marker = event.marker
         if marker is not None:
             found = self._stream(index, stream)
-            found.last = found.queue.submit_barrier([marker])
+            found.last = found.live_queue().submit_barrier([marker])
 
     # ------------------------------------------------------------------ events
     def event_create(self, index: int, timing: bool) -> XPUEvent:
         """Return an unrecorded event (its marker is made when it is recorded)."""
         return XPUEvent(index, timing)
 
-    def event_record(self, event: Any, index: int, stream: int) -> None:
+    def event_record(self, event: XPUEvent, index: int, stream: int) -> None:
         """Submit a barrier on the stream's queue: the event's marker."""
         self._stream(index, stream).record(event)
 
-    def event_destroy(self, event: Any) -> None:
+    def event_destroy(self, event: XPUEvent) -> None:
         """Drop the event's marker."""
         event.marker = None
 
-    def event_query(self, event: Any) -> bool:
+    def event_query(self, event: XPUEvent) -> bool:
         """True if unrecorded or the marker's execution status is ``complete``."""
         marker = event.marker
         if marker is None:
@@ -156,7 +159,7 @@ class _StreamsEvents(_Devices):
             raise
         return done
 
-    def event_synchronize(self, event: Any) -> None:
+    def event_synchronize(self, event: XPUEvent) -> None:
         """``SyclEvent.wait()`` on the marker; forget the finished copies of its stream."""
         marker = event.marker
         if marker is not None:
@@ -169,8 +172,9 @@ class _StreamsEvents(_Devices):
             if stream is not None and stream.keep:
                 _drop_completed(stream.keep, stream.complete)
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+    def event_elapsed_ms(self, start: XPUEvent, end: XPUEvent) -> float:
         """Difference of the markers' profiled end times (ns), in milliseconds."""
+        assert start.marker is not None and end.marker is not None  # Event checks: recorded
         return float(end.marker.profiling_info_end - start.marker.profiling_info_end) / 1e6
 
     # ------------------------------------------------------------------ copies
@@ -184,7 +188,7 @@ class _StreamsEvents(_Devices):
         """``sycl::queue::memset`` (``DPCTLQueue_Memset``), then a barrier as the stream's last
         command (what ``query`` asks)."""
         found = self._stream(index, stream)
-        queue = found.queue
+        queue = found.live_queue()
         lib = _memset_lib(found.device.dpctl)
         ref = lib.DPCTLQueue_Memset(queue.addressof_ref(), ptr, value & 0xFF, nbytes)
         if not ref:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._device import Device
 from ..._stream import Stream
@@ -13,6 +13,7 @@ from ..buffers._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
     from ._allocator import HostBlock, HostCachingAllocator
 
@@ -32,7 +33,7 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
     -----
     ``ptr``, ``device`` and ``pinned`` are properties. ``free()``, leaving a ``with`` block, or
     garbage collection returns the memory to the host caching allocator (not to the system);
-    freeing twice does nothing. Any other use of a freed buffer (``ptr``, ``numpy()``,
+    freeing twice does nothing. Every other use of a freed buffer (``ptr``, ``numpy()``,
     DLPack, the buffer protocol, ``accelrt.copy_``, ``accelrt.record_stream``) raises
     ``ValueError``. The memory outlives ``free()`` while an export views it (a ``numpy()``
     view, a slice or view of one, a DLPack capsule, a buffer-protocol view): the buffer reads
@@ -184,7 +185,7 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             view = self._view = memoryview(array).cast("B")
         return view
 
-    def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def numpy(self) -> npt.NDArray[np.uint8]:
         """Return a zero-copy ``uint8`` numpy view of the memory.
 
         Returns
