@@ -26,9 +26,8 @@ agree byte for byte.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
-from ...backends._base import Backend
+from ...backends._base import Backend, EventHandle
 from .._policy import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
 from ._block import DEFAULT_POOL_ID, SHARED_STREAM, AnySegment, Block, BlockPool, ExpandableSegment
 from ._source import MemorySource
@@ -56,7 +55,7 @@ class SharedArenas:
     _Block: type[Block]
     _reserved: int
     _allowed_max: int | None
-    _idle_events: dict[int, list[Any]]
+    _idle_events: dict[int, list[EventHandle]]
     _clock: int
     _floor_page: int  # the large page of the page floor; 0 when the policy is off
     _floor_peak: int
@@ -64,7 +63,7 @@ class SharedArenas:
     def _all_pools(self) -> list[BlockPool]:
         raise NotImplementedError
 
-    def _event_on(self, device_index: int, stream: int) -> Any:
+    def _event_on(self, device_index: int, stream: int) -> EventHandle:
         raise NotImplementedError
 
     def _map_block(
