@@ -302,7 +302,7 @@ ACCELRT = Policy(
     growable_walk=True,
     slack=0.01,
 )
-"""The first candidate for ``policy:accelrt`` (docs/policy-draft.md, kept for comparison)."""
+"""The first candidate for ``policy:accelrt`` (docs/policy-design.md, kept for comparison)."""
 
 ACCELRT2 = dataclasses.replace(
     ACCELRT,
@@ -324,7 +324,7 @@ H + 20 MiB), reclaims from the requesting arena first, and a small arena's last 
 kept from large arenas."""
 
 ACCELRT3 = dataclasses.replace(ACCELRT2, name="accelrt3", adapt_div=1, adapt_min_share=1 / 3)
-"""The candidate for ``policy:accelrt`` (docs/policy-draft.md): ``accelrt2``, and a move for a
+"""The candidate for ``policy:accelrt`` (docs/policy-design.md): ``accelrt2``, and a move for a
 map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H):
 a trace whose largest tensors have to be stitched anew keeps room as expandable segments
 would, instead of stitching them every iteration."""
@@ -356,7 +356,7 @@ POLICIES = {
 }
 """The policies ``--policies`` may name (``accelrt/views``, GMLake's two views of moved
 pages, is slow: minutes on the CPU traces). Others measured while designing, by changing
-fields (results in docs/policy-draft.md): a 1000-free minimum age before reclaiming, a
+fields (results in docs/policy-design.md): a 1000-free minimum age before reclaiming, a
 reclaim budget of one reclaiming map per creating map, largest-, smallest- and
 most-recent-first reclaim, 20 MiB large pages with reclaim, one arena for small and large
 blocks."""
