@@ -8,7 +8,8 @@ The public home of memory, as ``torch.accelerator.memory`` and ``rmm.mr`` are. T
 - host (pinned) memory from the host caching allocator: :func:`empty_host`,
   :class:`HostBuffer`, :func:`empty_host_cache`, :func:`host_memory_stats` (PyTorch's keys) and
   its resets, :func:`get_host_allocator` (the :class:`HostCachingAllocator`);
-- private pools: :class:`MemPool`, :func:`use_mem_pool`;
+- private pools: :class:`MemPool`, :func:`use_mem_pool`, :class:`PluggableAllocator` (a pool's
+  segments from functions of your own);
 - statistics and the cache: :func:`memory_stats` (PyTorch's keys), :func:`memory_allocated`,
   :func:`empty_cache`, ... and the summary table :func:`memory_summary`;
 - history and snapshots in PyTorch's format: :func:`record_memory_history`,
@@ -51,6 +52,7 @@ from .buffers._buffer import Buffer as Buffer
 from .device._core import Block as Block
 from .device._core import CachingAllocator as CachingAllocator
 from .device._pool import MemPool as MemPool
+from .device._pool import PluggableAllocator as PluggableAllocator
 from .device._pool import use_mem_pool as use_mem_pool
 from .history._history import BlockInfo as BlockInfo
 from .history._history import Frame as Frame
@@ -76,6 +78,7 @@ __all__ = [
     "HostBuffer",
     "HostCachingAllocator",
     "MemPool",
+    "PluggableAllocator",
     "SegmentInfo",
     "Setting",
     "Snapshot",

@@ -72,14 +72,26 @@ __all__ = ["CachingAllocator"]
 
 
 class _PrivatePool:
-    """The free lists of one ``MemPool`` on this device, and whether its owner still exists."""
+    """The free lists of one ``MemPool`` on this device, whether its owner still exists, and
+    its options (``MemPool(allocator=, use_on_oom=, no_split=)``; device/_pool.py)."""
 
-    __slots__ = ("large", "owner_alive", "small")
+    __slots__ = ("large", "no_split", "owner_alive", "small", "source", "use_on_oom")
 
-    def __init__(self, pool_id: PoolId, pool_type: type[BlockPool]) -> None:
+    def __init__(
+        self,
+        pool_id: PoolId,
+        pool_type: type[BlockPool],
+        *,
+        no_split: bool = False,
+        use_on_oom: bool = False,
+        source: MemorySource | None = None,
+    ) -> None:
         self.small = pool_type(is_small=True, pool_id=pool_id)
         self.large = pool_type(is_small=False, pool_id=pool_id)
         self.owner_alive = True
+        self.no_split = no_split  # blocks are handed out whole, never split
+        self.use_on_oom = use_on_oom  # free blocks serve default-pool requests that ran out
+        self.source = source  # where its segments come from; None: the device's source
 
 
 class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
@@ -295,9 +307,25 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         if block is None:
             self._release_cached_blocks()
             block = self._grow(pool, size, alloc_size, stream, is_retry=True)
+        if block is None and pool.pool_id is DEFAULT_POOL_ID and self._private:
+            block = self._borrow_on_oom(size, stream)
         if block is None:
             raise self._out_of_memory(nbytes, size, alloc_size, stream)
         return block
+
+    def _borrow_on_oom(self, size: int, stream: int) -> Block | None:
+        """The last resort of a default-pool request: a free block of a ``use_on_oom`` pool.
+
+        Pools are tried in creation order; only their free blocks (no new memory). Mirrors the
+        ``use_on_oom_pools`` step of PyTorch's ``DeviceCachingAllocator::malloc``.
+        """
+        for private in self._private.values():
+            if private.use_on_oom and private.owner_alive:
+                pool = private.small if size <= K_SMALL_SIZE else private.large
+                block = self._get_free_block(pool, size, stream)
+                if block is not None:
+                    return block
+        return None
 
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
@@ -342,9 +370,17 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             self.stats.num_alloc_retries += 1
         if self._fraction_refuses(alloc_size):
             return None
-        if self._expandable:
+        if self._expandable and self._source_of(pool) is self._source:
             return self._grow_expandable(pool, size, stream)
         return self._new_segment(pool, alloc_size, stream)
+
+    def _source_of(self, pool: BlockPool) -> MemorySource:
+        """Where the pool's ordinary segments come from: its ``MemPool``'s allocator, if it
+        has one, else the device."""
+        if pool.pool_id is DEFAULT_POOL_ID:
+            return self._source
+        private = self._private.get(pool.pool_id)
+        return self._source if private is None or private.source is None else private.source
 
     def _count_device_memory(self, pool: BlockPool, nbytes: int) -> None:
         """Count ``nbytes`` newly held from the device (a segment or mapped pages), or with
@@ -363,7 +399,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
 
     def _new_segment(self, pool: BlockPool, alloc_size: int, stream: int) -> Block | None:
         """An ordinary segment of ``alloc_size`` bytes as one free block; None when full."""
-        segment = self._source.allocate(alloc_size, stream, pool)
+        segment = self._source_of(pool).allocate(alloc_size, stream, pool)
         if segment is None:
             return None
         self._segments[segment.address] = segment
@@ -482,7 +518,9 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         is_small = pool.is_small
         counts_split = not block.segment.is_expandable  # inactive_split skips expandable
         already_split = block.prev is not None or block.next is not None  # hot: no call
-        if should_split(block.size, size, is_small, self._max_split, self._expandable):
+        if should_split(block.size, size, is_small, self._max_split, self._expandable) and (
+            pool.pool_id is DEFAULT_POOL_ID or not self._pool_no_split(pool.pool_id)
+        ):
             remaining = block
             block = self._Block(remaining.address, size, remaining.stream, pool, remaining.segment)
             block.prev = remaining.prev
@@ -896,7 +934,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         pool = block.pool
         segment = block.segment
         assert isinstance(segment, Segment)
-        self._source.release(segment)
+        self._source_of(pool).release(segment)
         if self._observer is not None:
             self._observer.record("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
@@ -980,11 +1018,35 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
 
     # ------------------------------------------------------------------ private pools
     @atomic
-    def create_pool(self, pool_id: PoolId) -> None:
-        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist."""
+    def create_pool(
+        self,
+        pool_id: PoolId,
+        *,
+        no_split: bool = False,
+        use_on_oom: bool = False,
+        source: MemorySource | None = None,
+    ) -> None:
+        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist.
+
+        ``no_split``: its blocks are never split (a request takes a whole free block or a new
+        segment). ``use_on_oom``: its free blocks serve default-pool requests that would
+        otherwise raise ``OutOfMemoryError``. ``source``: where its segments come from
+        (``MemPool(allocator=...)``); its segments are then never expandable.
+        """
         with self._lock:
             if pool_id not in self._private:
-                self._private[pool_id] = _PrivatePool(pool_id, self._BlockPool)
+                self._private[pool_id] = _PrivatePool(
+                    pool_id,
+                    self._BlockPool,
+                    no_split=no_split,
+                    use_on_oom=use_on_oom,
+                    source=source,
+                )
+
+    def _pool_no_split(self, pool_id: PoolId) -> bool:
+        """Whether private pool ``pool_id`` hands its blocks out whole (``no_split``)."""
+        private = self._private.get(pool_id)
+        return private is not None and private.no_split
 
     @atomic
     def begin_allocate_to_pool(self, pool_id: PoolId) -> None:
