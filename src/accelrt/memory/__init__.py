@@ -13,7 +13,8 @@ The public home of memory, as ``torch.accelerator.memory`` and ``rmm.mr`` are. T
 - statistics and the cache: :func:`memory_stats` (PyTorch's keys), :func:`memory_allocated`,
   :func:`empty_cache`, ... and the summary table :func:`memory_summary`;
 - history and snapshots in PyTorch's format: :func:`record_memory_history`,
-  :func:`memory_snapshot`, :func:`dump_snapshot` and their ``TypedDict`` schemas;
+  :func:`memory_snapshot`, :func:`dump_snapshot`, named stages (:func:`record_function`) and
+  their ``TypedDict`` schemas;
 - settings: :class:`AllocatorConfig` (``ACCELRT_ALLOC_CONF``), :func:`set_allocator_settings`,
   and :class:`Setting` (settings with where they came from, as the ``accelrt`` commands say);
 - the machinery, for tools and replays: :func:`get_allocator` gives a device's
@@ -47,6 +48,7 @@ from ._policy import segment_size as segment_size
 from ._snapshots import dump_snapshot as dump_snapshot
 from ._snapshots import memory_snapshot as memory_snapshot
 from ._snapshots import memory_summary as memory_summary
+from ._snapshots import record_function as record_function
 from ._snapshots import record_memory_history as record_memory_history
 from .buffers._buffer import Buffer as Buffer
 from .device._core import Block as Block
@@ -54,6 +56,7 @@ from .device._core import CachingAllocator as CachingAllocator
 from .device._pool import MemPool as MemPool
 from .device._pool import PluggableAllocator as PluggableAllocator
 from .device._pool import use_mem_pool as use_mem_pool
+from .history._history import Annotation as Annotation
 from .history._history import BlockInfo as BlockInfo
 from .history._history import Frame as Frame
 from .history._history import SegmentInfo as SegmentInfo
@@ -70,6 +73,7 @@ from .host._buffer import HostBuffer as HostBuffer
 
 __all__ = [
     "AllocatorConfig",
+    "Annotation",
     "Block",
     "BlockInfo",
     "Buffer",
@@ -100,6 +104,7 @@ __all__ = [
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
+    "record_function",
     "record_memory_history",
     "record_stream",
     "reset_accumulated_host_memory_stats",

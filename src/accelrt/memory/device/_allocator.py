@@ -45,6 +45,7 @@ from .._policy import (
     should_split,
 )
 from ..history._history import (
+    Annotation,
     BlockInfo,
     ContextMode,
     EnabledMode,
@@ -1121,6 +1122,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         max_entries: int,
         skip_actions: frozenset[str] = frozenset(),
         clear_history: bool = False,
+        global_annotations: bool = False,
     ) -> None:
         """Start (or, with ``enabled=None``, stop and forget) recording history.
 
@@ -1132,7 +1134,22 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
                 self._observer = None
                 return
             previous = None if clear_history else self._observer
-            self._observer = History(enabled, context, max_entries, skip_actions, previous)
+            self._observer = History(
+                enabled, context, max_entries, skip_actions, previous, global_annotations
+            )
+
+    @atomic
+    def record_annotation(self, name: str, stage: str) -> None:
+        """Add one edge of a named stage to the history, if one is recorded (History.annotate)."""
+        with self._lock:
+            if self._observer is not None:
+                self._observer.annotate(name, stage)
+
+    def annotations(self) -> list[Annotation]:
+        """Return the history's named stages as snapshot ``external_annotations`` entries."""
+        with self._lock:
+            observer = self._observer
+            return [] if observer is None else observer.to_annotations(self.device_index)
 
     def snapshot(
         self, pool_id: PoolId | None = None, include_traces: bool = True
