@@ -166,6 +166,9 @@ def test_bad_pool_options_and_allocators(sim: str) -> None:
     ):
         acc.empty(1000)
     assert acc.memory_reserved() == 0
+    with pytest.raises(TypeError, match="include_traces must be a bool, got 'no'"):
+        pool.snapshot(include_traces="no")  # type: ignore[arg-type]
+    assert pool.snapshot(include_traces=False) == pool.snapshot() == []
     assert repr(MemPool(use_on_oom=True, no_split=True)).endswith(
         ", device=None, use_on_oom=True, no_split=True)"
     )

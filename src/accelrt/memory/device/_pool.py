@@ -252,11 +252,27 @@ class MemPool:
                 f"be used on {allocator.device_name}. Make one MemPool per device."
             )
 
-    def snapshot(self) -> list[SegmentInfo]:
+    def snapshot(self, include_traces: bool = True) -> list[SegmentInfo]:
         """Return the pool's segments and blocks in the snapshot schema (empty before use).
 
-        Mirrors ``torch.cuda.MemPool.snapshot``.
+        Parameters
+        ----------
+        include_traces : bool
+            Accepted as PyTorch's: the result is the segments either way (PyTorch's
+            ``memory_snapshot(mempool_id)`` returns only them too).
+
+        Raises
+        ------
+        TypeError
+            If ``include_traces`` is not a bool.
+
+        Notes
+        -----
+        Mirrors ``torch.cuda.MemPool.snapshot``; ``accelrt.memory_snapshot(mempool_id=pool.id)``
+        gives the whole snapshot (history included) restricted to the pool's segments.
         """
+        if not isinstance(include_traces, bool):
+            raise TypeError(f"include_traces must be a bool, got {include_traces!r}")
         if self._allocator is None:
             return []
         return self._allocator.snapshot(self.id, include_traces=False)[0]
