@@ -11,7 +11,7 @@ from accelrt.memory import MemPool, PluggableAllocator, use_mem_pool
 MiB = 1 << 20
 
 
-def test_no_split_hands_out_whole_blocks(sim: str) -> None:
+def test_no_split_hands_out_whole_blocks(device: str) -> None:
     pool = MemPool(no_split=True)
     with use_mem_pool(pool):
         a = acc.empty(1000)
@@ -50,7 +50,7 @@ def _cap_at_what_is_held() -> None:
     acc.set_per_process_memory_fraction((2 * MiB + 4096) / total)
 
 
-def test_use_on_oom_lends_a_free_block_to_a_request_that_ran_out(sim: str) -> None:
+def test_use_on_oom_lends_a_free_block_to_a_request_that_ran_out(device: str) -> None:
     lender = MemPool(use_on_oom=True)
     with use_mem_pool(lender):
         first = acc.empty(512)
@@ -85,7 +85,7 @@ def test_a_pool_without_use_on_oom_lends_nothing(sim: str) -> None:
     kept.free()
 
 
-def test_a_pluggable_allocator_gives_the_pool_its_segments(sim: str) -> None:
+def test_a_pluggable_allocator_gives_the_pool_its_segments(device: str) -> None:
     backend = acc.memory.get_allocator().backend
     calls: list[tuple[object, ...]] = []
 
