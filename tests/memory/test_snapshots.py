@@ -266,3 +266,32 @@ def test_named_stages_of_other_threads_need_global_record_annotations(sim: str) 
     assert names == {"main", "other thread"}  # kept across the restart, and the new one
     with pytest.raises(TypeError, match="global_record_annotations must be a bool, got 1"):
         acc.record_memory_history(global_record_annotations=1)  # type: ignore[arg-type]
+
+
+def test_set_memory_metadata_stamps_the_threads_entries(sim: str) -> None:
+    # torch.cuda.memory._set_memory_metadata: each entry the thread records carries
+    # "user_metadata"; thread-local; "" stops it (issue 25)
+    import threading
+
+    acc.record_memory_history()
+    assert acc.memory.get_memory_metadata() == ""
+    plain = acc.empty(100)
+    acc.memory.set_memory_metadata("forward")
+    stamped = acc.empty(100)
+    seen: list[str] = []
+    thread = threading.Thread(target=lambda: seen.append(acc.memory.get_memory_metadata()))
+    thread.start()
+    thread.join()
+    assert seen == [""] and acc.memory.get_memory_metadata() == "forward"
+    acc.memory.set_memory_metadata("")
+    plain.free()
+    stamped.free()
+    entries = acc.memory_snapshot()["device_traces"][0]
+    assert [(e["action"], e.get("user_metadata")) for e in entries] == [
+        ("segment_alloc", None), ("alloc", None),
+        ("alloc", "forward"),  # in the segment the first made
+        ("free_requested", None), ("free_completed", None),
+        ("free_requested", None), ("free_completed", None),
+    ]  # fmt: skip
+    with pytest.raises(TypeError, match="set_memory_metadata\\(\\) takes a string, got 1"):
+        acc.memory.set_memory_metadata(1)  # type: ignore[arg-type]

@@ -19,15 +19,25 @@ from .. import _runtime
 from .._device import DeviceLike
 from .device import _registry
 from .device._block import PoolId
-from .history._history import ACTIONS, SNAPSHOT_SCHEMA_VERSION, Annotation, Snapshot, TraceEntry
+from .history._history import (
+    ACTIONS,
+    SNAPSHOT_SCHEMA_VERSION,
+    Annotation,
+    Snapshot,
+    TraceEntry,
+    get_user_metadata,
+    set_user_metadata,
+)
 from .history._summary import format_summary
 
 __all__ = [
     "dump_snapshot",
+    "get_memory_metadata",
     "memory_snapshot",
     "memory_summary",
     "record_function",
     "record_memory_history",
+    "set_memory_metadata",
 ]
 
 _ENABLED = ("all", "state")
@@ -174,6 +184,39 @@ def record_function(name: str) -> Iterator[None]:
         yield
     finally:
         _annotate(name, "END")
+
+
+def set_memory_metadata(metadata: str) -> None:
+    """Stamp the history entries the calling thread records from now on with ``metadata``.
+
+    Parameters
+    ----------
+    metadata : str
+        Any text (a phase, a layer, a request id); "" stops stamping.
+
+    Raises
+    ------
+    TypeError
+        If ``metadata`` is not a string.
+
+    Notes
+    -----
+    Thread-local, for every device: each entry the thread's allocator calls record while a
+    history is recorded gets ``"user_metadata": metadata`` (entries recorded with none set
+    have no such key; PyTorch's carry ``""``). Segments, blocks and ``memory_stats`` are not
+    affected. Mirrors ``torch.cuda.memory._set_memory_metadata``.
+    """
+    if not isinstance(metadata, str):
+        raise TypeError(f"set_memory_metadata() takes a string, got {metadata!r}")
+    set_user_metadata(metadata)
+
+
+def get_memory_metadata() -> str:
+    """Return the calling thread's ``set_memory_metadata`` string ("" when none is set).
+
+    Mirrors ``torch.cuda.memory._get_memory_metadata``.
+    """
+    return get_user_metadata()
 
 
 def memory_snapshot(mempool_id: PoolId | None = None, include_traces: bool = True) -> Snapshot:

@@ -33,6 +33,8 @@ __all__ = [
     "TraceEntry",
     "capture_frames",
     "frames_to_dicts",
+    "get_user_metadata",
+    "set_user_metadata",
 ]
 
 SNAPSHOT_SCHEMA_VERSION = 2
@@ -93,11 +95,13 @@ class TraceEntry(_TraceEntryRequired, total=False):
 
     ``action`` is alloc, free_requested, free_completed, segment_alloc, segment_free,
     segment_map, segment_unmap, snapshot or oom; an ``oom`` entry has ``device_free`` (bytes)
-    where the others have ``addr``, as in PyTorch.
+    where the others have ``addr``, as in PyTorch. ``user_metadata``: the recording thread's
+    ``set_memory_metadata`` string, when one was set.
     """
 
     addr: int
     device_free: int
+    user_metadata: str
 
 
 class Annotation(TypedDict):
@@ -147,6 +151,23 @@ def frames_to_dicts(frames: RawFrames | None) -> list[Frame]:
     if not frames:
         return []
     return [Frame(filename=c.co_filename, line=n, name=c.co_name) for c, n in frames]
+
+
+class _UserMetadata(threading.local):
+    value = ""
+
+
+_USER_METADATA = _UserMetadata()
+
+
+def set_user_metadata(metadata: str) -> None:
+    """Set the calling thread's ``user_metadata`` for the entries it records ("" clears)."""
+    _USER_METADATA.value = metadata
+
+
+def get_user_metadata() -> str:
+    """Return the calling thread's ``user_metadata`` ("" when none is set)."""
+    return _USER_METADATA.value
 
 
 ACTIONS = frozenset({
@@ -207,7 +228,7 @@ class History:
         self.enabled = enabled
         self.context = context
         self.skip_actions = skip_actions
-        self.entries: deque[tuple[str, int, int, int, int, RawFrames | None, int]] = deque(
+        self.entries: deque[tuple[str, int, int, int, int, RawFrames | None, int, str]] = deque(
             () if previous is None else previous.entries, maxlen=max_entries
         )
         self.stack_allocs = context is not None
@@ -263,7 +284,9 @@ class History:
                 owner.frames = frames
         if self.enabled == "all" and action not in self.skip_actions:
             now_us = time.time_ns() // 1000
-            self.entries.append((action, addr, size, stream, now_us, frames, device_free))
+            self.entries.append(
+                (action, addr, size, stream, now_us, frames, device_free, _USER_METADATA.value)
+            )
 
     def annotate(self, name: str, stage: str) -> None:
         """Keep one edge of a named stage (``stage`` "START" or "END"), in "all" mode, from
@@ -283,7 +306,7 @@ class History:
     def to_entries(self) -> list[TraceEntry]:
         """Return the buffer as snapshot trace entries, oldest first."""
         out: list[TraceEntry] = []
-        for action, addr, size, stream, time_us, frames, device_free in self.entries:
+        for action, addr, size, stream, time_us, frames, device_free, metadata in self.entries:
             entry = TraceEntry(
                 action=action,
                 size=size,
@@ -295,5 +318,7 @@ class History:
                 entry["device_free"] = device_free
             else:
                 entry["addr"] = addr
+            if metadata:
+                entry["user_metadata"] = metadata
             out.append(entry)
         return out
