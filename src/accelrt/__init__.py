@@ -34,6 +34,7 @@ from ._device import DeviceProperties as DeviceProperties
 from ._errors import AcceleratorError as AcceleratorError
 from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._graph import Graph as Graph
+from ._graph import is_graph_available as is_graph_available
 from ._stream import Event as Event
 from ._stream import Stream as Stream
 from ._stream import current_stream as current_stream
@@ -117,6 +118,7 @@ __all__ = [
     "get_memory_info",
     "host_memory_stats",
     "is_available",
+    "is_graph_available",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory",

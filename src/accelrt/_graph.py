@@ -27,13 +27,36 @@ from .memory.device._core import CachingAllocator
 from .memory.device._pool import MemPool
 from .memory.device._registry import get_allocator
 
-__all__ = ["Graph"]
+__all__ = ["Graph", "is_graph_available"]
 
 CAPTURE_ERROR_MODES = ("default", "global", "thread_local", "relaxed")
 """The ``capture_error_mode`` values; ``"default"`` is ``"global"`` on CUDA (as PyTorch's)."""
 
 _pools: weakref.WeakValueDictionary[PoolId, MemPool] = weakref.WeakValueDictionary()
 """The pools of live graphs by id, so that ``Graph(pool=other.pool())`` shares one."""
+
+
+def is_graph_available() -> bool:
+    """Return True if the accelerator can capture and replay graphs (:class:`Graph`).
+
+    Returns
+    -------
+    bool
+        True when the accelerator's backend has the graph-capture capability and at least
+        one device (``cuda``); False for ``sim``, ``opencl`` and ``xpu``, and when there is
+        no accelerator. ``Graph()`` raises ``RuntimeError`` exactly when this is False.
+
+    Notes
+    -----
+    Never raises and creates no driver context, as ``is_available``. A backend capability
+    query: PyTorch 2.14's ``torch.accelerator`` has none (``torch.accelerator.Graph`` fails on
+    a backend without graphs); docs/conformance.md.
+    """
+    try:
+        backend = _runtime.accelerator()
+    except ValueError:  # ACCELRT_BACKEND names no backend: there is no accelerator
+        return False
+    return isinstance(backend, GraphCapture) and _runtime.device_count() > 0
 
 
 class Graph:

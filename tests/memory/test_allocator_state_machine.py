@@ -4,7 +4,9 @@ A hypothesis ``RuleBasedStateMachine`` drives one allocator on a small simulated
 mallocs of every size class on three streams (some bigger than the device, many that run it out
 of memory), frees, ``record_stream``, ``empty_cache``, settings changed at run time (expandable
 segments on and off, ``max_split_size_mb``, ``roundup_power2_divisions``, garbage collection, a
-memory fraction) and three private pools that are entered, left and released. After every step
+memory fraction) and three private pools that are entered, left and released (the second never
+splits a block, ``MemPool(no_split=True)``; the third lends its free blocks to default-pool
+requests that ran out, ``MemPool(use_on_oom=True)``). After every step
 the invariants recompute the allocator's books from its blocks (docs/allocator.md sections 1-8
 and 14) and compare them with its statistics, its snapshot, a model of the live blocks kept
 here and the simulated device's own accounting.
@@ -40,6 +42,8 @@ MiB = 1 << 20
 PoolId = tuple[int, int]
 DEFAULT_POOL: PoolId = (0, 0)
 PRIVATE_POOLS: tuple[PoolId, ...] = ((0, 1), (0, 2), (0, 3))
+NO_SPLIT: PoolId = (0, 2)  # MemPool(no_split=True)
+LENDER: PoolId = (0, 3)  # MemPool(use_on_oom=True)
 CAPACITIES = (64 * MiB, 256 * MiB, 1024 * MiB)
 MAX_SPLIT_MB = (None, 20, 32, 64)
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -118,6 +122,9 @@ class World:
         self.route: list[PoolId] = []  # this thread's begin_allocate_to_pool stack
         self.created: set[PoolId] = set()
         self.released: set[PoolId] = set()
+        self.alloc.create_pool(NO_SPLIT, no_split=True)
+        self.alloc.create_pool(LENDER, use_on_oom=True)
+        self.created |= {NO_SPLIT, LENDER}
         self.allowed: int | None = None  # fraction x capacity, once a fraction is set
 
     # ------------------------------------------------------------------ settings
@@ -180,10 +187,17 @@ class World:
         assert isinstance(block, Block)
         assert block.allocated and block.event_count == 0 and not block.stream_uses
         assert block.requested_size == nbytes and block.stream == stream
-        assert block.pool.pool_id == self.target_pool()
+        pool_id = block.pool.pool_id
+        if pool_id != self.target_pool():  # lent on OOM: the ladder found nothing else
+            assert self.target_pool() == DEFAULT_POOL and pool_id == LENDER, "only LENDER lends"
+            assert LENDER not in self.released, "a released pool lent a block"
+            assert after["num_ooms"] == before["num_ooms"]
+            note("malloc: lent by a use_on_oom pool")
         assert block.pool.is_small == (rounded <= MiB)
         assert block.size >= rounded and block.size % 512 == 0
-        if self.pages or block.pool.is_small:
+        if pool_id == NO_SPLIT:  # a whole free block, or a whole new segment or mapped run
+            note("malloc: a whole block of a no_split pool")
+        elif self.pages or block.pool.is_small:
             assert block.size == rounded, "any rest of 512 bytes or more is split off"
         elif self.max_split_mb is None or rounded < self.max_split_mb * MiB:
             assert block.size <= rounded + MiB, "a large rest of more than 1 MiB is split off"
@@ -203,7 +217,7 @@ class World:
             note("malloc: released cached memory and succeeded")
         if self.route:
             note("malloc: into a private pool")
-        self.live.append(Live(block, nbytes, self.target_pool()))
+        self.live.append(Live(block, nbytes, pool_id))
         return block
 
     def check_out_of_memory(
@@ -872,6 +886,25 @@ def test_out_of_memory_leaves_no_address_range_reserved() -> None:
     world.alloc.release_pool((0, 1))
     world.alloc.empty_cache()
     assert world.alloc.reserved_bytes == 0
-    assert world.alloc.pool_ids() == []  # (0, 1) stays
+    assert world.alloc.pool_ids() == [NO_SPLIT, LENDER]  # (0, 1) is forgotten; World made these
     assert world.alloc.segments() == []  # 8 all-unmapped expandable segments stay
     assert not world.backend._devices[0].reservations
+
+
+def test_a_use_on_oom_pool_lends_when_the_default_pool_runs_out() -> None:
+    # the random runs rarely get there: the default pool out of memory while LENDER holds a
+    # free piece of a partly used segment on the same stream
+    world = World(64 * MiB)
+    world.alloc.begin_allocate_to_pool(LENDER)
+    world.route.append(LENDER)
+    world.malloc(512, 0)
+    world.malloc(512, 0)
+    world.alloc.end_allocate_to_pool(world.route.pop())
+    world.free(1)
+    world.set_fraction(1 / 32)  # 2 MiB: no segment beyond LENDER's
+    lent = world.malloc(4096, 0)
+    assert lent is not None and lent.pool.pool_id == LENDER and lent.size == 4096
+    world.check_all()
+    assert world.malloc(4 * MiB, 0) is None  # nothing that big to lend
+    world.free_everything()
+    world.check_empty()

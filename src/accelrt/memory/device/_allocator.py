@@ -46,6 +46,7 @@ from .._policy import (
     should_split,
 )
 from ..history._history import (
+    Annotation,
     BlockInfo,
     ContextMode,
     EnabledMode,
@@ -75,14 +76,26 @@ __all__ = ["CachingAllocator"]
 
 
 class _PrivatePool:
-    """The free lists of one ``MemPool`` on this device, and whether its owner still exists."""
+    """The free lists of one ``MemPool`` on this device, whether its owner still exists, and
+    its options (``MemPool(allocator=, use_on_oom=, no_split=)``; device/_pool.py)."""
 
-    __slots__ = ("large", "owner_alive", "small")
+    __slots__ = ("large", "no_split", "owner_alive", "small", "source", "use_on_oom")
 
-    def __init__(self, pool_id: PoolId, pool_type: type[BlockPool]) -> None:
+    def __init__(
+        self,
+        pool_id: PoolId,
+        pool_type: type[BlockPool],
+        *,
+        no_split: bool = False,
+        use_on_oom: bool = False,
+        source: MemorySource | None = None,
+    ) -> None:
         self.small = pool_type(is_small=True, pool_id=pool_id)
         self.large = pool_type(is_small=False, pool_id=pool_id)
         self.owner_alive = True
+        self.no_split = no_split  # blocks are handed out whole, never split
+        self.use_on_oom = use_on_oom  # free blocks serve default-pool requests that ran out
+        self.source = source  # where its segments come from; None: the device's source
 
 
 class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
@@ -342,12 +355,12 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         return private.small if size <= K_SMALL_SIZE else private.large
 
     def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
-        if self._arenas:
+        if self._arenas and self._source_of(pool) is self._source:
             self._note_request(pool, size, nbytes)
             adopted = self._adopt(pool, size, stream)
             if adopted is not None:
                 return adopted
-        if self._arenas:  # what its map needs at most: the request in whole pages
+        if self._arenas and self._source_of(pool) is self._source:  # its map: whole pages
             alloc_size = -(-size // K_SMALL_BUFFER) * K_SMALL_BUFFER
         else:
             alloc_size = segment_size(size, self.config.large_segment_size)
@@ -360,9 +373,25 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         if block is None:
             self._release_cached_blocks()
             block = self._grow(pool, size, alloc_size, stream, is_retry=True)
+        if block is None and pool.pool_id is DEFAULT_POOL_ID and self._private:
+            block = self._borrow_on_oom(size, stream)
         if block is None:
             raise self._out_of_memory(nbytes, size, alloc_size, stream)
         return block
+
+    def _borrow_on_oom(self, size: int, stream: int) -> Block | None:
+        """The last resort of a default-pool request: a free block of a ``use_on_oom`` pool.
+
+        Pools are tried in creation order; only their free blocks (no new memory). Mirrors the
+        ``use_on_oom_pools`` step of PyTorch's ``DeviceCachingAllocator::malloc``.
+        """
+        for private in self._private.values():
+            if private.use_on_oom and private.owner_alive:
+                pool = private.small if size <= K_SMALL_SIZE else private.large
+                block = self._get_free_block(pool, size, stream)
+                if block is not None:
+                    return block
+        return None
 
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
@@ -407,13 +436,22 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         """Get fresh memory for a request of ``size`` rounded bytes: step 4 of the ladder."""
         if is_retry:
             self.stats.num_alloc_retries += 1
-        if self._arenas:
+        own_source = self._source_of(pool) is self._source  # not a MemPool's own allocator
+        if self._arenas and own_source:
             return self._grow_arena(pool, size, stream)
         if self._fraction_refuses(alloc_size):
             return None
-        if self._expandable:
+        if self._expandable and own_source:
             return self._grow_expandable(pool, size, stream)
         return self._new_segment(pool, alloc_size, stream)
+
+    def _source_of(self, pool: BlockPool) -> MemorySource:
+        """Where the pool's ordinary segments come from: its ``MemPool``'s allocator, if it
+        has one, else the device."""
+        if pool.pool_id is DEFAULT_POOL_ID:
+            return self._source
+        private = self._private.get(pool.pool_id)
+        return self._source if private is None or private.source is None else private.source
 
     def _count_device_memory(self, pool: BlockPool, nbytes: int) -> None:
         """Count ``nbytes`` newly held from the device (a segment or mapped pages), or with
@@ -432,7 +470,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
 
     def _new_segment(self, pool: BlockPool, alloc_size: int, stream: int) -> Block | None:
         """An ordinary segment of ``alloc_size`` bytes as one free block; None when full."""
-        segment = self._source.allocate(alloc_size, stream, pool)
+        segment = self._source_of(pool).allocate(alloc_size, stream, pool)
         if segment is None:
             return None
         self._segments[segment.address] = segment
@@ -576,7 +614,9 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             self._note_floor(is_small, size)
         counts_split = not block.segment.is_expandable  # inactive_split skips expandable
         already_split = block.prev is not None or block.next is not None  # hot: no call
-        if should_split(block.size, size, is_small, self._max_split, self._expandable):
+        if should_split(block.size, size, is_small, self._max_split, self._expandable) and (
+            pool.pool_id is DEFAULT_POOL_ID or not self._pool_no_split(pool.pool_id)
+        ):
             remaining = block
             block = self._Block(remaining.address, size, remaining.stream, pool, remaining.segment)
             block.prev = remaining.prev
@@ -1010,7 +1050,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         pool = block.pool
         segment = block.segment
         assert isinstance(segment, Segment)
-        self._source.release(segment)
+        self._source_of(pool).release(segment)
         if self._observer is not None:
             self._observer.record("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
@@ -1095,11 +1135,35 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
 
     # ------------------------------------------------------------------ private pools
     @atomic
-    def create_pool(self, pool_id: PoolId) -> None:
-        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist."""
+    def create_pool(
+        self,
+        pool_id: PoolId,
+        *,
+        no_split: bool = False,
+        use_on_oom: bool = False,
+        source: MemorySource | None = None,
+    ) -> None:
+        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist.
+
+        ``no_split``: its blocks are never split (a request takes a whole free block or a new
+        segment). ``use_on_oom``: its free blocks serve default-pool requests that would
+        otherwise raise ``OutOfMemoryError``. ``source``: where its segments come from
+        (``MemPool(allocator=...)``); its segments are then never expandable.
+        """
         with self._lock:
             if pool_id not in self._private:
-                self._private[pool_id] = _PrivatePool(pool_id, self._BlockPool)
+                self._private[pool_id] = _PrivatePool(
+                    pool_id,
+                    self._BlockPool,
+                    no_split=no_split,
+                    use_on_oom=use_on_oom,
+                    source=source,
+                )
+
+    def _pool_no_split(self, pool_id: PoolId) -> bool:
+        """Whether private pool ``pool_id`` hands its blocks out whole (``no_split``)."""
+        private = self._private.get(pool_id)
+        return private is not None and private.no_split
 
     @atomic
     def begin_allocate_to_pool(self, pool_id: PoolId) -> None:
@@ -1174,6 +1238,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         max_entries: int,
         skip_actions: frozenset[str] = frozenset(),
         clear_history: bool = False,
+        global_annotations: bool = False,
     ) -> None:
         """Start (or, with ``enabled=None``, stop and forget) recording history.
 
@@ -1185,7 +1250,22 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
                 self._observer = None
                 return
             previous = None if clear_history else self._observer
-            self._observer = History(enabled, context, max_entries, skip_actions, previous)
+            self._observer = History(
+                enabled, context, max_entries, skip_actions, previous, global_annotations
+            )
+
+    @atomic
+    def record_annotation(self, name: str, stage: str) -> None:
+        """Add one edge of a named stage to the history, if one is recorded (History.annotate)."""
+        with self._lock:
+            if self._observer is not None:
+                self._observer.annotate(name, stage)
+
+    def annotations(self) -> list[Annotation]:
+        """Return the history's named stages as snapshot ``external_annotations`` entries."""
+        with self._lock:
+            observer = self._observer
+            return [] if observer is None else observer.to_annotations(self.device_index)
 
     def snapshot(
         self, pool_id: PoolId | None = None, include_traces: bool = True

@@ -29,7 +29,15 @@ import contextlib
 
 from ...backends._base import Backend, EventHandle
 from .._policy import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
-from ._block import DEFAULT_POOL_ID, SHARED_STREAM, AnySegment, Block, BlockPool, ExpandableSegment
+from ._block import (
+    DEFAULT_POOL_ID,
+    SHARED_STREAM,
+    AnySegment,
+    Block,
+    BlockPool,
+    ExpandableSegment,
+    PoolId,
+)
 from ._source import MemorySource
 from ._stats import DeviceStats
 
@@ -75,6 +83,9 @@ class SharedArenas:
         raise NotImplementedError
 
     def _note_floor(self, is_small: bool, size: int) -> None:
+        raise NotImplementedError
+
+    def _pool_no_split(self, pool_id: PoolId) -> bool:
         raise NotImplementedError
 
     @staticmethod
@@ -139,7 +150,8 @@ class SharedArenas:
     def _adopt(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         """Take the best fit (size, then address) among other streams' free arena blocks of
         ``pool``, out of the pool, owned by ``stream`` and cut to ``size`` (the remainder stays
-        free, owned by ``stream``); None when there is none."""
+        free, owned by ``stream``; a ``no_split`` pool's block stays whole); None when there is
+        none."""
         best: Block | None = None
         for owner in pool.streams():
             if owner == stream:
@@ -158,7 +170,8 @@ class SharedArenas:
         pool.remove(best)
         best.stream = stream
         remaining = best.size - size
-        if remaining >= K_MIN_BLOCK_SIZE:
+        whole = pool.pool_id != DEFAULT_POOL_ID and self._pool_no_split(pool.pool_id)
+        if remaining >= K_MIN_BLOCK_SIZE and not whole:
             rest = self._Block(best.address + size, remaining, stream, pool, best.segment)
             rest.prev, rest.next = best, best.next
             if best.next is not None:

@@ -53,6 +53,7 @@ def _native_allocator(module: Any) -> type[ReferenceCachingAllocator]:
         "_malloc_slow",
         "_insert_events",
         "_release_dropped_pool_cache",
+        "_pool_no_split",
     ):
         register(getattr(ReferenceCachingAllocator, method))
     register(History.record)

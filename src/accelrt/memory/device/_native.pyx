@@ -809,6 +809,8 @@ cdef class HotPath:
             split = remaining_bytes >= K_MIN_BLOCK_SIZE
         else:
             split = size < self._max_split_c and remaining_bytes > K_SMALL_SIZE
+        if split and pool.pool_id is not _DEFAULT_POOL_ID and self._pool_no_split(pool.pool_id):
+            split = False  # a MemPool(no_split=True): blocks go out whole
         if split:
             remaining = block
             block = _split_block(remaining, size, self._spare)
