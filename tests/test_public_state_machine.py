@@ -62,7 +62,7 @@ STATS = (
 )
 SIZE_CLASSES = ((1, 4 * KiB), (4 * KiB, 2 * MiB), (2 * MiB, 64 * MiB))
 # the machine sets policy:accelrt on top of settings it ignores: said once an allocator
-pytestmark = pytest.mark.filterwarnings("ignore:.*policy:accelrt ignores:RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:.*accelrt ignores:RuntimeWarning")
 # (text, fresh): set_allocator_settings(text) changes only the keys it names; fresh replaces
 # the whole settings by text, the only way back to no max_split_size
 SETTINGS = (
