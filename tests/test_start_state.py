@@ -11,7 +11,6 @@ import pytest
 import accelrt as acc
 from accelrt import cli
 from accelrt._start_state import cached_free_blocks, decides_alike, largest_size
-from accelrt._units import format_bytes
 from accelrt.memory import AllocatorConfig
 from accelrt.replay import replay
 from accelrt.trace import Trace, load
@@ -241,7 +240,7 @@ def test_the_page_says_the_recording_started_mid_run(tmp_path: Path) -> None:
     trace = _recording(tmp_path)
     assert trace.recording is not None
     view = view_of_snapshot(tmp_path / "run.pickle")
-    before = format_bytes(trace.recording.reserved_at_start_bytes)
+    before = acc.format_bytes(trace.recording.reserved_at_start_bytes)
     assert any(
         note.startswith(f"the recording started mid-run, with {before} reserved before its")
         and "start state recorded" in note
@@ -275,7 +274,7 @@ def _run_program(program: list[tuple[str, ...]], config: str, path: Path | None 
     import pickle
 
     from accelrt.backends.sim import SimBackend
-    from accelrt.memory.device._core import CachingAllocator
+    from accelrt.memory import CachingAllocator
 
     settings = AllocatorConfig.coerce(config)
     allocator = CachingAllocator(SimBackend(device_count=1), 0, settings)
