@@ -10,7 +10,12 @@ import pytest
 
 import accelrt as acc
 from accelrt import cli
-from accelrt._start_state import cached_free_blocks, decides_alike, largest_size
+from accelrt._start_state import (
+    cached_free_blocks,
+    calibrated_share,
+    decides_alike,
+    largest_size,
+)
 from accelrt.memory import AllocatorConfig
 from accelrt.replay import replay
 from accelrt.trace import Trace, load
@@ -79,7 +84,6 @@ def test_another_setting_starts_from_a_modelled_state_with_its_range(tmp_path: P
 def test_the_model_is_calibrated_on_the_recorded_peak(tmp_path: Path) -> None:
     """Under the recorded setting, the calibrated model reaches the recorded peak, and a share
     one step smaller does not (the smallest share that does)."""
-    from accelrt import _start_state
     from accelrt.backends.sim import SimBackend
     from accelrt.replay import _Run
 
@@ -92,7 +96,7 @@ def test_the_model_is_calibrated_on_the_recorded_peak(tmp_path: Path) -> None:
         run = _Run(trace, SimBackend(device_count=1), 0, recording.settings, share)
         return run.execute(None, frozenset())["reserved_bytes.all.peak"]
 
-    share = _start_state.calibrated_share(recording, peak)  # kept: no run
+    share = calibrated_share(recording, peak)  # kept: no run
     assert peak(share) >= recording.peak_reserved_bytes
     if share > 0:
         assert peak(share - 1 / 4096) < recording.peak_reserved_bytes
