@@ -18,6 +18,7 @@ from typing import Any
 from .. import _runtime
 from .._stream import Stream
 from ..memory import empty
+from . import _library
 
 __all__ = ["accelrt_allocator", "use_accelrt_allocator"]
 
@@ -25,11 +26,7 @@ INSTALL_HINT = "pip install cupy-cuda12x (or cupy-cuda13x, matching your CUDA dr
 
 
 def _cupy() -> Any:
-    try:
-        import cupy
-    except ImportError as exc:
-        raise ImportError(f"accelrt.interop.cupy needs CuPy: {INSTALL_HINT} ({exc})") from exc
-    return cupy
+    return _library("cupy", "cupy", "CuPy", INSTALL_HINT)
 
 
 def _accelrt_index(backend: Any, ordinal: int) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from .. import _runtime
 from .._stream import current_stream
 from ..memory import Buffer, empty, empty_cache, get_memory_info
+from . import _library
 
 __all__ = ["AccelrtNumbaManager", "use_accelrt_allocator"]  # noqa: F822 (module __getattr__)
 
@@ -27,11 +28,7 @@ INSTALL_HINT = "pip install numba-cuda"
 
 
 def _numba_cuda() -> Any:
-    try:
-        from numba import cuda
-    except ImportError as exc:
-        raise ImportError(f"accelrt.interop.numba needs Numba: {INSTALL_HINT} ({exc})") from exc
-    return cuda
+    return _library("numba.cuda", "numba", "Numba", INSTALL_HINT)
 
 
 def _device_pointer(ptr: int) -> Any:

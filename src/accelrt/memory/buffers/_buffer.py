@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..._device import Device
@@ -123,12 +122,7 @@ class MemoryHandle:
     def __enter__(self: _H) -> _H:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.free()
 
     def __reduce_ex__(self, protocol: Any) -> Any:
