@@ -201,8 +201,8 @@ def test_compiled_buffer_adopts_the_most_derived_python_definitions() -> None:
     from accelrt.memory.buffers._buffer import MemoryHandle, _BufferAPI
 
     compiled = vars(_core.native.Buffer)  # type: ignore[union-attr]
-    for name in ("__dlpack__", "__dlpack_device__", "numpy", "device", "__repr__"):
+    for name in ("__dlpack__", "__dlpack_device__", "_host_memory", "device", "__repr__"):
         assert compiled[name] is vars(_BufferAPI)[name]
-    for name in ("freed", "__enter__", "__exit__", "__reduce_ex__"):
+    for name in ("freed", "numpy", "__enter__", "__exit__", "__reduce_ex__"):
         assert compiled[name] is vars(MemoryHandle)[name]
     assert _core.native.Buffer.__doc__ == _BufferAPI.__doc__  # type: ignore[union-attr]

@@ -66,7 +66,7 @@ class MemoryHandle:
     if TYPE_CHECKING:
 
         def free(self) -> None: ...
-        def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+        def _host_memory(self) -> Any: ...
 
     @property
     def block(self: _Owning[_B, _A]) -> _B:
@@ -101,6 +101,36 @@ class MemoryHandle:
         """True once the memory has been given back."""
         handle: Any = self  # a Buffer or HostBuffer: both have _block
         return handle._block is None and self.nbytes > 0
+
+    def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Return a zero-copy ``uint8`` numpy view of the memory.
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
+            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
+            the block returns to the allocator when the last of them is gone.
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed.
+        TypeError
+            For a ``Buffer`` whose device's memory is not host-accessible (use
+            ``accelrt.copy_``).
+
+        Notes
+        -----
+        Does not synchronize: synchronize the stream of the device work or copy that may still
+        be writing the memory (``buffer.stream.synchronize()``) before reading it, or reading
+        it before writing it.
+        """
+        if self.nbytes == 0:
+            import numpy as np
+
+            return np.empty(0, dtype=np.uint8)
+        return self._exported_array(self._host_memory())
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
         """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
@@ -542,32 +572,9 @@ class _BufferAPI(MemoryHandle):
         owner = (self, self._export_pin())
         return _dlpack.to_capsule(self.ptr, self.nbytes, device[0], device[1], owner, versioned)
 
-    def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
-
-        Returns
-        -------
-        numpy.ndarray
-            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
-            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
-            the block returns to the allocator when the last of them is gone.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed.
-        TypeError
-            If the device's memory is not host-accessible (use ``accelrt.copy_``).
-
-        Notes
-        -----
-        Does not synchronize: call ``buffer.stream.synchronize()`` before reading memory that
-        device work may still be writing.
-        """
-        if self.nbytes == 0:
-            import numpy as np
-
-            return np.empty(0, dtype=np.uint8)
+    def _host_memory(self) -> Any:
+        """``numpy()``'s writable buffer of the memory (the backend's host view of it); a
+        ``ValueError`` if it was freed, a ``TypeError`` if it is not host-accessible."""
         block = self.block
         device = self.device
         view = self.allocator.backend.host_view(device.index or 0, block.address, self.nbytes)
@@ -575,7 +582,7 @@ class _BufferAPI(MemoryHandle):
             raise TypeError(
                 f"memory of {device} is not host-accessible; copy it with accelrt.copy_(host, buf)"
             )
-        return self._exported_array(view)
+        return view
 
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._device import Device
 from ..._stream import Stream
@@ -12,8 +12,6 @@ from .._atomic import PENDING, deliver, register
 from ..buffers._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from ._allocator import HostBlock, HostCachingAllocator
 
 __all__ = ["HostBuffer"]
@@ -184,31 +182,9 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             view = self._view = memoryview(array).cast("B")
         return view
 
-    def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """Return a zero-copy ``uint8`` numpy view of the memory.
-
-        Returns
-        -------
-        numpy.ndarray
-            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
-            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
-            the block returns to the allocator when the last of them is gone.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed.
-
-        Notes
-        -----
-        Does not synchronize: synchronize the stream of a copy before reading what it writes,
-        or writing what it reads.
-        """
-        if self.nbytes == 0:
-            import numpy as np
-
-            return np.empty(0, dtype=np.uint8)
-        return self._exported_array(self._memoryview())
+    def _host_memory(self) -> memoryview:
+        """``numpy()``'s writable buffer of the memory; a ``ValueError`` if it was freed."""
+        return self._memoryview()
 
     def __buffer__(self, flags: int) -> memoryview:
         """The buffer protocol (PEP 688, Python 3.12+): a writable 1-D ``uint8`` view.
