@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..._stream_ops import SVMStreamOps  # the build where there is one (_compiled.py)
+from .._queue_streams import QueueEvent, no_stream
 from ._cl import _CL_COMPLETE, _EXECUTION_STATUS, _host_array, _raise_driver_error
 
 
@@ -76,24 +77,16 @@ def _finish(stream: _CLStream) -> None:
     stream.last = None
 
 
-class OpenCLEvent:
-    """An OpenCL event handle: the marker of its last recording (None before the first) and
-    the stream it was recorded on (whose finished copies waiting on it forgets)."""
+class OpenCLEvent(QueueEvent):
+    """An OpenCL event handle: the marker (a ``pyopencl.Event``) of its last recording (None
+    before the first) and the ``_CLStream`` it was recorded on (whose finished copies waiting
+    on it forgets)."""
 
-    __slots__ = ("device", "marker", "stream", "timing")
-
-    def __init__(self, device: int, timing: bool) -> None:
-        self.device = device
-        self.timing = timing
-        self.marker: Any = None
-        self.stream: _CLStream | None = None
+    __slots__ = ()
 
 
 def _no_stream(index: int, stream: int) -> ValueError:
-    return ValueError(
-        f"opencl:{index} has no stream with handle {stream:#x}: it was destroyed or "
-        "belongs to another device"
-    )
+    return no_stream("opencl", index, stream)
 
 
 class _CLStream(SVMStreamOps):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
+from .._queue_streams import QueueEvent, no_stream
 from ._sycl import _raise_driver_error
 
 
@@ -25,27 +26,18 @@ class _XPUDevice(Protocol):
 _KEEP_SCAN = 32
 
 
-class XPUEvent:
+class XPUEvent(QueueEvent):
     """An XPU event handle: the ``dpctl.SyclEvent`` of its last recording (a barrier; None
-    before the first) and the stream it was recorded on."""
+    before the first) and the ``_XPUStream`` it was recorded on."""
 
-    __slots__ = ("device", "marker", "stream", "timing")
-
-    def __init__(self, device: int, timing: bool) -> None:
-        self.device = device
-        self.timing = timing
-        self.marker: Any = None
-        self.stream: _XPUStream | None = None
+    __slots__ = ()
 
 
 _complete: list[Any] = []  # dpctl.event_status_type.complete, once dpctl is imported
 
 
 def _no_stream(index: int, stream: int) -> ValueError:
-    return ValueError(
-        f"xpu:{index} has no stream with handle {stream:#x}: it was destroyed or belongs to "
-        "another device"
-    )
+    return no_stream("xpu", index, stream)
 
 
 class _XPUStream:

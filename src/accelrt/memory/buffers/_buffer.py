@@ -1,7 +1,8 @@
 """``Buffer``: device memory from the caching allocator (pointer, size, device, stream).
 
-Compiled twin: device/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields, ``free``,
-the finaliser) and adopts ``_BufferAPI`` at import; change both (docs/design.md, "Pairs").
+Compiled twin: device/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields and the
+finaliser) and ``MemoryHandle.free``, and adopts ``_BufferAPI`` at import; change both
+(docs/design.md, "Pairs").
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ class MemoryHandle:
 
     if TYPE_CHECKING:
 
-        def free(self) -> None: ...
         def _host_memory(self) -> Any: ...
 
     @property
@@ -101,6 +101,31 @@ class MemoryHandle:
         """True once the memory has been given back."""
         handle: Any = self  # a Buffer or HostBuffer: both have _block
         return handle._block is None and self.nbytes > 0
+
+    def free(self) -> None:
+        """Give the memory back to its caching allocator, or to the exports that still view
+        it. Freeing twice does nothing.
+
+        Notes
+        -----
+        The block is reused once the work of every stream that used it (``copy_``,
+        ``record_stream``) has completed. While an export of the memory lives (``numpy()``,
+        DLPack, a host buffer's buffer protocol), the handle reads as freed at once but the
+        block goes back only when the last export is gone (a ``Buffer``'s Notes say more).
+        Thread-safe.
+        """
+        handle: Any = self  # a Buffer or HostBuffer: both have _block, _allocator and _pin
+        try:  # atomic: the block is freed (or deferred) exactly when the handle lets go of it
+            block, handle._block = handle._block, None
+            if (
+                block is not None
+                and handle._allocator is not None
+                and (handle._pin is None or not self._defer_free(block))
+            ):
+                handle._allocator.free(block)
+        finally:
+            if PENDING.flag:
+                deliver()
 
     def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Return a zero-copy ``uint8`` numpy view of the memory.
@@ -221,6 +246,7 @@ class MemoryHandle:
         return np.asarray(ArrayOwner(array.__array_interface__, owner))
 
 
+register(MemoryHandle.free)
 register(MemoryHandle._defer_free)
 
 
@@ -273,15 +299,11 @@ class ExportPin(FreedWhenCollected):
 
 
 class _BufferFields(FreedWhenCollected):
-    """The fields, ``free`` and finaliser of :class:`Buffer` in Python, where the compiled
-    core does not run (elsewhere ``Buffer`` is memory/device/_native.pyx's compiled type, this
-    class's twin, given the Python-level part, ``_BufferAPI``)."""
+    """The fields and finaliser of :class:`Buffer` in Python, where the compiled core does not
+    run (its ``free`` is ``MemoryHandle``'s; elsewhere ``Buffer`` is memory/device/_native.pyx's
+    compiled type, this class's twin, given the Python-level part, ``_BufferAPI``)."""
 
     __slots__ = ("__weakref__", "_allocator", "_block", "_pin", "_stream", "nbytes", "ptr")
-
-    if TYPE_CHECKING:  # from MemoryHandle, through Buffer
-
-        def _defer_free(self, block: Block) -> bool: ...
 
     def __init__(
         self,
@@ -296,24 +318,6 @@ class _BufferFields(FreedWhenCollected):
         self._stream = stream
         self.nbytes = nbytes
         self.ptr = block.address if block is not None else 0
-
-    def free(self) -> None:
-        """Give the memory back to the caching allocator, or to the exports that still view
-        it; see ``Buffer``'s Notes. Freeing twice does nothing."""
-        try:  # atomic: the block is freed (or deferred) exactly when the buffer lets go of it
-            block, self._block = self._block, None
-            if (
-                block is not None
-                and self._allocator is not None
-                and (self._pin is None or not self._defer_free(block))
-            ):
-                self._allocator.free(block)
-        finally:
-            if PENDING.flag:
-                deliver()
-
-
-register(_BufferFields.free)
 
 
 # Buffer's Python-level part, written once for both cores: the Python Buffer below derives

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from ..._device import Device
 from ..._stream import Stream
-from .._atomic import PENDING, deliver, register
 from ..buffers._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
@@ -114,28 +113,6 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             "another with accelrt.empty_host()"
         )
 
-    def free(self) -> None:
-        """Give the memory back to the host caching allocator. Freeing twice does nothing.
-
-        Notes
-        -----
-        The block is reused once the work of every stream that used it (``copy_``,
-        ``record_stream``) has completed. While an export of the memory lives (``numpy()``,
-        DLPack, the buffer protocol), the buffer reads as freed at once but the block goes
-        back only when the last export is gone. Thread-safe.
-        """
-        try:  # atomic: the block is freed (or deferred) exactly when the buffer lets go of it
-            block, self._block = self._block, None
-            if (
-                block is not None
-                and self._allocator is not None
-                and (self._pin is None or not self._defer_free(block))
-            ):
-                self._allocator.free(block)
-        finally:
-            if PENDING.flag:
-                deliver()
-
     def record_stream(self, stream: Stream) -> None:
         """Mark the memory as used on ``stream``: it is not reused before that work ends.
 
@@ -205,6 +182,3 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             f"HostBuffer(ptr={self._address:#x}, nbytes={self.nbytes}, device={self._device!s}, "
             f"pinned={self._pinned}{state})"
         )
-
-
-register(HostBuffer.free)
