@@ -4,6 +4,7 @@ stream handle, and the stream and event methods that only find a stream's object
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -32,7 +33,11 @@ def no_stream(backend: str, index: int, stream: int) -> ValueError:
 
 
 class _QueueStream(Protocol):
-    """What the methods below call of a backend's per-stream object."""
+    """What the methods below use of a backend's per-stream object."""
+
+    queue: Any  # None once the stream is destroyed
+    last: Any
+    keep: deque[Any]
 
     def query(self) -> bool: ...
     def synchronize(self) -> None: ...
@@ -62,6 +67,7 @@ class QueueStreamsEvents(Generic[_S]):
         @property
         def _state(self) -> Mapping[int, _QueueDevice[_S]]: ...
         def _dev(self, index: int) -> _QueueDevice[_S]: ...
+        def _wait_destroyed(self, found: _S, queue: Any) -> None: ...
 
     def stream_ops(self, index: int, stream: int) -> _S | None:
         """Return the stream's ``StreamOps`` (one object per handle), None for an unknown one."""
@@ -73,6 +79,17 @@ class QueueStreamsEvents(Generic[_S]):
         if found is None:
             raise no_stream(self.name, index, stream)
         return found
+
+    def stream_destroy(self, index: int, stream: int) -> None:
+        """Wait for the stream's queue as the backend does (``_wait_destroyed``) and drop the
+        stream: its handle is unknown from then on."""
+        state = self._state.get(index)
+        found = state.streams.pop(stream, None) if state is not None else None
+        if found is not None:
+            queue, found.queue = found.queue, None
+            self._wait_destroyed(found, queue)
+            found.last = None
+            found.keep.clear()
 
     def stream_query(self, index: int, stream: int) -> bool:
         """Whether the last command accelrt enqueued on the queue has completed (True for a

@@ -12,9 +12,10 @@ from ._queues import OpenCLEvent, _CLStream, _drop_completed, _finish, _svm
 
 
 class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
-    """Streams, events, copies, fills and synchronisation of the ``opencl`` backend (stream
-    lookups, ``stream_query``, ``stream_synchronize``, ``event_create``, ``event_record``,
-    ``event_destroy`` and ``memcpy_async``: the queue backends' ``QueueStreamsEvents``)."""
+    """Streams, events, copies, fills and synchronisation of the ``opencl`` backend; what
+    only finds a stream's object and calls it is the queue backends' ``QueueStreamsEvents``
+    (``stream_destroy``, ``stream_query``, ``stream_synchronize``, ``event_create``,
+    ``event_record``, ``event_destroy``, ``memcpy_async``, the stream lookups)."""
 
     _event_type = OpenCLEvent
 
@@ -43,17 +44,9 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
         """
         return int(self.queue(index, stream).int_ptr)
 
-    def stream_destroy(self, index: int, stream: int) -> None:
-        """Finish and drop the queue."""
-        state = self._state.get(index)
-        if state is None:
-            return
-        found = state.streams.pop(stream, None)
-        if found is not None:
-            queue, found.queue = found.queue, None
-            queue.finish()
-            found.last = None
-            found.keep.clear()
+    def _wait_destroyed(self, found: _CLStream, queue: Any) -> None:
+        """``stream_destroy``'s wait: finish the queue (``clFinish``)."""
+        queue.finish()
 
     def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
         """Enqueue a barrier that waits for the event's marker."""

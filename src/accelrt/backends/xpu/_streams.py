@@ -13,9 +13,10 @@ from ._sycl import _describe, _memset_lib, _raise_driver_error
 
 
 class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
-    """Streams, events, copies and synchronisation of the ``xpu`` backend (stream lookups,
-    ``stream_query``, ``stream_synchronize``, ``event_create``, ``event_record``,
-    ``event_destroy`` and ``memcpy_async``: the queue backends' ``QueueStreamsEvents``)."""
+    """Streams, events, copies and synchronisation of the ``xpu`` backend; what
+    only finds a stream's object and calls it is the queue backends' ``QueueStreamsEvents``
+    (``stream_destroy``, ``stream_query``, ``stream_synchronize``, ``event_create``,
+    ``event_record``, ``event_destroy``, ``memcpy_async``, the stream lookups)."""
 
     _event_type = XPUEvent
 
@@ -95,18 +96,11 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
         """
         return int(self.queue(index, stream).addressof_ref())
 
-    def stream_destroy(self, index: int, stream: int) -> None:
-        """Wait for the queue and drop it (an adopted queue is only forgotten)."""
-        state = self._state.get(index)
-        if state is None:
-            return
-        found = state.streams.pop(stream, None)
-        if found is not None:
-            queue, found.queue = found.queue, None
-            if found.owned:
-                queue.wait()
-            found.last = None
-            found.keep.clear()
+    def _wait_destroyed(self, found: _XPUStream, queue: Any) -> None:
+        """``stream_destroy``'s wait: ``queue.wait()``, unless the queue is a user's (adopted:
+        only forgotten)."""
+        if found.owned:
+            queue.wait()
 
     def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
         """Submit a barrier that waits for the event's marker (``submit_barrier([marker])``)."""
