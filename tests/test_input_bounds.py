@@ -18,10 +18,11 @@ import pytest
 
 from accelrt.trace import Trace, TraceEvent, TraceFormatError, _columns, _jsonl
 from accelrt.view import (
-    _model,
+    View,
     _moments,
     _recorded,
     _render,
+    clean_stack,
     picture_moments,
     render_html,
     view_of_trace,
@@ -35,7 +36,7 @@ EVENT = '{"action":"alloc","addr":16,"size":8,"stream":0}'
 # --- the page's block matching ----------------------------------------------------------------
 
 
-def _same_size_view(n: int, size: int = 100) -> _model.View:
+def _same_size_view(n: int, size: int = 100) -> View:
     """The picture (no replay) of ``n`` allocations of ``size`` bytes at addresses 1 to n."""
     events = [TraceEvent("alloc", i + 1, size, 0) for i in range(n)]
     return view_of_trace(Trace({"name": "same size"}, events))
@@ -367,7 +368,7 @@ def test_a_stack_put_together_from_its_frames_is_what_clean_stack_makes(
         7,
     ]
     calls: list[int] = []
-    clean = _recorded.clean_stack
+    clean = clean_stack
 
     def counted(frames: Any) -> Any:
         calls.append(len(frames))
