@@ -12,10 +12,8 @@ from ._queues import OpenCLEvent, _CLStream, _drop_completed, _finish, _svm
 
 
 class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
-    """Streams, events, copies, fills and synchronisation of the ``opencl`` backend; what
-    only finds a stream's object and calls it is the queue backends' ``QueueStreamsEvents``
-    (``stream_destroy``, ``stream_query``, ``stream_synchronize``, ``event_create``,
-    ``event_record``, ``event_destroy``, ``memcpy_async``, the stream lookups)."""
+    """Streams, events, copies, fills and synchronisation of the ``opencl`` backend, on the
+    queue backends' shared methods (``QueueStreamsEvents``)."""
 
     _event_type = OpenCLEvent
 

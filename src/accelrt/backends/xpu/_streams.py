@@ -13,10 +13,8 @@ from ._sycl import _describe, _memset_lib, _raise_driver_error
 
 
 class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
-    """Streams, events, copies and synchronisation of the ``xpu`` backend; what
-    only finds a stream's object and calls it is the queue backends' ``QueueStreamsEvents``
-    (``stream_destroy``, ``stream_query``, ``stream_synchronize``, ``event_create``,
-    ``event_record``, ``event_destroy``, ``memcpy_async``, the stream lookups)."""
+    """The ``xpu`` backend's own stream methods (adopted queues among them), events, fills
+    and synchronisation; ``QueueStreamsEvents`` has those both queue backends share."""
 
     _event_type = XPUEvent
 
