@@ -18,6 +18,11 @@ variants interleaved repeat by repeat, size by size, printed with its ratio to t
 as-written pair to the as-written peer). Targets (issues 10, 25): public <= 1.0x, internal
 <= 0.8x, public as written <= 1.0x.
 
+A second table compares the allocation policies' cache hits on the simulated device (OpenCL
+has no virtual memory): ``CachingAllocator.malloc`` + ``free`` under the defaults,
+``expandable_segments:True`` and ``policy:accelrt``, each against the defaults' pair. Target
+(issue 23): ``policy:accelrt`` within 1.10x of the defaults.
+
     python bench/alloc_latency.py [--pairs 200000] [--repeats 5]
     ACCELRT_PURE_PYTHON=1 python bench/alloc_latency.py   # the public path on the Python core
 """
@@ -127,6 +132,32 @@ def main() -> None:
         ns = best["as written"]
         cells.append(f"{ns:8.0f} ({ns / written_peer_ns:5.2f}x)")
         print(f"{size:>8} " + " ".join(cells))
+    policy_hits(args.pairs, args.repeats)
+
+
+def policy_hits(pairs: int, repeats: int) -> None:
+    """Print each policy's cache-hit pair on sim against the defaults' (issue 23)."""
+    from accelrt.backends.sim import SimBackend
+    from accelrt.memory import AllocatorConfig, CachingAllocator
+
+    backend = SimBackend(device_count=1, capacity=16 << 30)
+    settings = ("defaults", "expandable_segments:True", "policy:accelrt")
+    allocators = {s: CachingAllocator(backend, 0, AllocatorConfig.parse(s)) for s in settings}
+    print("\ncache hits by policy on sim:0: ns per malloc+free pair (x defaults)")
+    print(f"{'size':>8} " + " ".join(f"{s:>26}" for s in settings))
+    for size in SIZES:
+        runs = {}
+        for setting, allocator in allocators.items():
+
+            def pair(n: int, allocator: CachingAllocator = allocator, size: int = size) -> None:
+                malloc, free = allocator.malloc, allocator.free
+                for _ in range(n):
+                    free(malloc(size, 0))
+
+            runs[setting] = (pair, pairs)
+        best = best_ns_per_pair(runs, repeats)
+        cells = [f"{best[s]:15.0f} ({best[s] / best['defaults']:5.2f}x)" for s in settings]
+        print(f"{size:>8} " + " ".join(f"{c:>26}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -4,14 +4,15 @@ Every trace of ``--traces-dir`` (``cpu/*.jsonl.gz``, replayed from empty in the 
 the 40 GPU device traces ``gpu_snapshots/*.jsonl.gz``, replayed from empty with the blocks live
 before recording first) is replayed
 
-- by accelrt's real allocator on the simulated device, PyTorch-exact: ``defaults`` and
-  ``expandable_segments:True`` (the baselines; ``accelrt.replay.replay``), and
+- by accelrt's real allocator on the simulated device: PyTorch-exact ``defaults`` and
+  ``expandable_segments:True`` (the baselines), and ``policy:accelrt``, accelrt's own policy
+  (docs/allocator.md section 16), all through ``accelrt.replay.replay``, and
 - by the **design models** below: fast, page-level models of candidate policies, written for
   choosing the design by measurement. They are *models for design*, not the allocator: the
-  winner moves into ``accelrt.memory`` (Python reference and compiled core) as
-  ``policy:accelrt`` (docs/policy-draft.md). One model, ``model:expandable``, re-implements
-  PyTorch's expandable segments and must land on the real allocator's peak; it checks the
-  models' bookkeeping against the real thing on every trace.
+  winner, ``accelrt3``, is ``policy:accelrt`` in ``accelrt.memory`` (Python reference and
+  compiled core). Two models check the models' bookkeeping against the real thing on every
+  trace: ``model:expandable`` must land on the real ``expandable_segments:True`` peak and
+  ``accelrt3`` on the real ``policy:accelrt`` peak and map calls.
 
 Printed: a per-trace table of peak reserved / peak requested for each policy, with the lower
 bounds (peak requested; the live peak with PyTorch's rounding and the offline plan from
@@ -301,7 +302,7 @@ ACCELRT = Policy(
     growable_walk=True,
     slack=0.01,
 )
-"""The first candidate for ``policy:accelrt`` (docs/policy-draft.md, kept for comparison)."""
+"""The first candidate for ``policy:accelrt`` (docs/policy-design.md, kept for comparison)."""
 
 ACCELRT2 = dataclasses.replace(
     ACCELRT,
@@ -323,7 +324,7 @@ H + 20 MiB), reclaims from the requesting arena first, and a small arena's last 
 kept from large arenas."""
 
 ACCELRT3 = dataclasses.replace(ACCELRT2, name="accelrt3", adapt_div=1, adapt_min_share=1 / 3)
-"""The candidate for ``policy:accelrt`` (docs/policy-draft.md): ``accelrt2``, and a move for a
+"""The candidate for ``policy:accelrt`` (docs/policy-design.md): ``accelrt2``, and a move for a
 map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H):
 a trace whose largest tensors have to be stitched anew keeps room as expandable segments
 would, instead of stitching them every iteration."""
@@ -355,21 +356,15 @@ POLICIES = {
 }
 """The policies ``--policies`` may name (``accelrt/views``, GMLake's two views of moved
 pages, is slow: minutes on the CPU traces). Others measured while designing, by changing
-fields (results in docs/policy-draft.md): a 1000-free minimum age before reclaiming, a
+fields (results in docs/policy-design.md): a 1000-free minimum age before reclaiming, a
 reclaim budget of one reclaiming map per creating map, largest-, smallest- and
 most-recent-first reclaim, 20 MiB large pages with reclaim, one arena for small and large
 blocks."""
-DEFAULT_POLICIES = (
-    "model:expandable",
-    "pages2m",
-    "shared+reclaim",
-    "accelrt",
-    "accelrt2",
-    "accelrt3",
-    "accelrt/arena",
-    "accelrt/tight",
-    "accelrt/adapt",
-)
+DEFAULT_POLICIES = ("model:expandable", "accelrt3")
+"""The models run by default: the two that check the real allocator. The design variants
+(``accelrt``, ``accelrt2``, ``pages2m``, ``shared+reclaim``, ``accelrt/arena``,
+``accelrt/tight``, ``accelrt/adapt``, ...) run with ``--policies``."""
+BASELINES = ("defaults", "expandable")
 
 
 class Device:
@@ -1045,12 +1040,34 @@ class Row:
     model: dict[str, ModelResult] = field(default_factory=dict)
 
 
+REAL_SETTINGS = {
+    "defaults": "",
+    "expandable": "expandable_segments:True",
+    "policy:accelrt": "policy:accelrt",
+}
+"""The settings the real allocator replays every trace under (column name -> config)."""
+
+
+def _peak(row: Row, column: str) -> int:
+    """Peak reserved bytes of a real setting or a model."""
+    if column in row.real:
+        return int(row.real[column]["peak_reserved"])
+    return row.model[column].peak_reserved
+
+
+def _maps(row: Row, column: str) -> int:
+    """Map calls (``num_device_alloc``) of a real setting or a model."""
+    if column in row.real:
+        return int(row.real[column]["maps"])
+    return row.model[column].maps
+
+
 def baselines(row: Row) -> None:
     from accelrt.replay import replay
     from accelrt.trace import load
 
     trace = load(row.trace.path)
-    for name, config in (("defaults", ""), ("expandable", "expandable_segments:True")):
+    for name, config in REAL_SETTINGS.items():
         r = replay(trace, config=config)
         row.real[name] = {
             "peak_reserved": r.peak_reserved_bytes,
@@ -1058,6 +1075,7 @@ def baselines(row: Row) -> None:
             "maps": r.num_device_alloc,
             "retries": r.num_alloc_retries,
             "ooms": r.num_ooms,
+            "events_per_second": int(r.events_per_second),
         }
         row.peak_requested = r.peak_requested_bytes
         row.floor_rounded = r.floor_rounded_bytes
@@ -1078,7 +1096,7 @@ def short(name: str, width: int = 40) -> str:
 
 
 def report(rows: list[Row], policies: list[str]) -> dict[str, Any]:
-    cols = ["defaults", "expandable", *policies]
+    cols = [*REAL_SETTINGS, *policies]
     summary: dict[str, Any] = {}
     for group in ("cpu", "gpu"):
         sel = [r for r in rows if r.trace.group == group]
@@ -1097,9 +1115,9 @@ def report(rows: list[Row], policies: list[str]) -> dict[str, Any]:
             line = f"{short(r.trace.name):<40} {r.trace.streams:>2} {req / MIB:>8.0f}M"
             exp_peak = r.real["expandable"]["peak_reserved"]
             for c in cols:
-                peak = r.real[c]["peak_reserved"] if c in r.real else r.model[c].peak_reserved
+                peak = _peak(r, c)
                 ratios[c].append(peak / req)
-                mark = "!" if c in r.model and peak > exp_peak else " "
+                mark = "!" if c not in BASELINES and peak > exp_peak else " "
                 if c in r.real and r.real[c]["ooms"]:
                     mark = "*"
                 line += f" {peak / req:>12.4f}{mark}"
@@ -1120,8 +1138,8 @@ def report(rows: list[Row], policies: list[str]) -> dict[str, Any]:
             exp_maps = max(r.real["expandable"]["maps"], 1)
             line = f"{short(r.trace.name):<40}"
             for c in cols:
-                maps = r.real[c]["maps"] if c in r.real else r.model[c].maps
-                mark = "!" if c in r.model and maps > 2 * exp_maps else " "
+                maps = _maps(r, c)
+                mark = "!" if c not in BASELINES and maps > 2 * exp_maps else " "
                 line += f" {maps:>12d}{mark}"
             print(line)
         print("('!': more than twice expandable_segments:True's)")
@@ -1139,13 +1157,13 @@ def report(rows: list[Row], policies: list[str]) -> dict[str, Any]:
                 f"  {c:<18} geo mean {entry['geo_mean']:.4f}  worst {entry['worst']:.4f}"
                 f" ({short(sel[worst_i].trace.name, 30)})"
             )
-            if c in policies:
+            if c not in BASELINES:
                 above = [
-                    (x.model[c].peak_reserved / x.real["expandable"]["peak_reserved"], x)
+                    (_peak(x, c) / x.real["expandable"]["peak_reserved"], x)
                     for x in sel
-                    if x.model[c].peak_reserved > x.real["expandable"]["peak_reserved"]
+                    if _peak(x, c) > x.real["expandable"]["peak_reserved"]
                 ]
-                maps = [(x.model[c].maps / max(x.real["expandable"]["maps"], 1), x) for x in sel]
+                maps = [(_maps(x, c) / max(x.real["expandable"]["maps"], 1), x) for x in sel]
                 over = [m for m in maps if m[0] > 2]
                 entry.update(
                     above_expandable=[(x.trace.name, q) for q, x in above],
@@ -1161,9 +1179,14 @@ def report(rows: list[Row], policies: list[str]) -> dict[str, Any]:
                     q, x = max(over, key=lambda e: e[0])
                     text += f" (most {q:.2f}x, {short(x.trace.name, 24)})"
                 text += f"; map ratio geo mean {gmean([q for q, _ in maps]):.2f}x"
+            if c in policies:
                 slow = [x.model[c].slow / max(x.model[c].mallocs, 1) for x in sel]
                 entry["slow_path_share"] = (min(slow), max(slow))
                 text += f"; slow path {min(slow):.2%}-{max(slow):.2%} of mallocs"
+            elif c in r.real:
+                speed = [x.real[c]["events_per_second"] for x in sel]
+                entry["events_per_second"] = (min(speed), max(speed))
+                text += f"; replay {min(speed) / 1e6:.2f}-{max(speed) / 1e6:.2f} M events/s"
             print(text)
             summary[group][c] = entry
         fl = [r.page_floor_split / r.peak_requested for r in sel]
@@ -1174,15 +1197,16 @@ def report(rows: list[Row], policies: list[str]) -> dict[str, Any]:
             f" pages {gmean(fl):.4f} geo mean; pages worst {max(fl):.4f}"
             f" ({short(sel[int(np.argmax(fl))].trace.name, 30)})"
         )
-        if "model:expandable" in policies:
-            same = sum(
-                r.model["model:expandable"].peak_reserved == r.real["expandable"]["peak_reserved"]
-                for r in sel
-            )
-            print(
-                f"  model check: model:expandable's peak equals the real allocator's"
-                f" (expandable_segments:True) to the byte on {same} of {len(sel)} traces"
-            )
+        for model, real in (("model:expandable", "expandable"), ("accelrt3", "policy:accelrt")):
+            if model in policies:
+                same = sum(
+                    _peak(r, model) == _peak(r, real) and _maps(r, model) == _maps(r, real)
+                    for r in sel
+                )
+                print(
+                    f"  model check: {model}'s peak and map calls equal the real allocator's"
+                    f" ({real}) on {same} of {len(sel)} traces"
+                )
     return summary
 
 
@@ -1193,7 +1217,7 @@ def main() -> int:
     parser.add_argument(
         "--policies",
         default=",".join(DEFAULT_POLICIES),
-        help=f"comma-separated, of: {', '.join(POLICIES)}",
+        help="comma-separated, of: " + ", ".join(POLICIES).replace("%", "%%"),
     )
     parser.add_argument("--only", default="", help="only traces whose name contains this")
     parser.add_argument("--json", type=Path, help="also write the figures here")

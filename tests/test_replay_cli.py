@@ -551,3 +551,21 @@ def test_the_environment_gives_the_setting_when_config_does_not(
         "accelrt replay: error: PYTORCH_ALLOC_CONF: unknown allocator setting 'bogus'"
     )
     assert err.endswith("(in 'bogus:1'); fix or unset it\n") and err.count("\n") == 1
+
+
+def test_the_readmes_policy_example_is_what_replay_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README's `policy:accelrt` table rows are the command's own (sim, 80 GiB)."""
+    readme = (EXAMPLE.parents[2] / "README.md").read_text()
+    block = readme.split("--config expandable_segments:True --config policy:accelrt\n", 1)[1]
+    rows = [line.strip() for line in block.split("```", 1)[0].splitlines()[1:] if "│" in line]
+    assert len(rows) == 5
+    argv = ["replay", str(EXAMPLE), "--device", "sim", "--no-progress"]
+    argv += ["--config", "defaults", "--config", "expandable_segments:True"]
+    argv += ["--config", "policy:accelrt"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for row in rows:
+        assert row in out
+    assert "the best setting tried, policy:accelrt, recovers 6.00 MiB (accelrt only" in out

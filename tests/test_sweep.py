@@ -508,7 +508,7 @@ def test_a_server_that_is_not_dask_is_refused_within_the_timeout(
          "settings: max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, "
          "roundup_power2_divisions, "
          "garbage_collection_threshold, expandable_segments, per_process_memory_fraction, "
-         "release_lock_on_malloc (in 'foo:1') (see 'accelrt sweep --help')"),
+         "release_lock_on_malloc, policy (in 'foo:1') (see 'accelrt sweep --help')"),
         (["--grid", "max_split_size_mb=128,1"], "max_split_size_mb must be an integer >= 20 "
          "(MiB), got '1'; allowed: ASCII digits, 20 to 1099511627776 (2**40) (in grid setting "
          "'max_split_size_mb:1')"),
@@ -840,3 +840,32 @@ def test_small_traces_are_batched_into_dask_tasks(traces: dict[str, str], tmp_pa
                     progress=lambda done, total: calls.append((done, total)))  # fmt: skip
     assert [r.peak_reserved_bytes for r in results] == [113246208, 50 * MiB] * 10
     assert calls == [(0, 20), *((2 * i, 20) for i in range(1, 11))]
+
+
+def test_an_accelrt_only_winner_is_marked_and_pytorchs_best_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """policy:accelrt (340 MiB on the example against 346 MiB) wins, but PyTorch cannot use it:
+    the sweep says so and names the best setting PyTorch can use."""
+    configs = ["defaults", "max_split_size_mb:20", "policy:accelrt"]
+    results = sweep([str(EXAMPLE)], configs, scheduler="synchronous")
+    winner = results.winner()
+    assert winner is not None and winner.config == "policy:accelrt" and winner.accelrt_only
+    assert winner.total_peak_reserved_bytes == 340 * MiB
+    for_torch = results.winner(pytorch=True)
+    assert for_torch is not None and not for_torch.accelrt_only
+    data = results.to_json()["winner"]
+    assert data["accelrt_only"] is True and data["ACCELRT_ALLOC_CONF"] == "policy:accelrt"
+    assert data["PYTORCH_CUDA_ALLOC_CONF"] == for_torch.env_value
+    argv = ["sweep", str(EXAMPLE), "--scheduler", "synchronous"]
+    for config in configs:
+        argv += ["--config", config]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(accelrt only)" in out
+    assert "winner: policy:accelrt (accelrt only: PyTorch's allocator has no such policy)" in out
+    assert "export ACCELRT_ALLOC_CONF=policy:accelrt" in out
+    assert f"best PyTorch can use: {for_torch.config}" in out
+    assert out.rstrip().splitlines()[-1] == (
+        "for PyTorch, leave PYTORCH_CUDA_ALLOC_CONF unset: the defaults"
+    )

@@ -13,7 +13,7 @@ Device(type='opencl', index=None)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # first: chooses the build or the Python source of the modules compiled from Python source
 from . import _compiled as _compiled
@@ -34,6 +34,7 @@ from ._device import DeviceProperties as DeviceProperties
 from ._errors import AcceleratorError as AcceleratorError
 from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._graph import Graph as Graph
+from ._graph import is_graph_available as is_graph_available
 from ._stream import Event as Event
 from ._stream import Stream as Stream
 from ._stream import current_stream as current_stream
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
     from ._sweep import sweep as sweep
 else:
 
-    def sweep(*args: Any, **kwargs: Any) -> Any:
+    def sweep(*args: object, **kwargs: object) -> object:
         """Replay traces under a grid of allocator settings and capacities, in parallel.
 
         The signature, documentation and errors are those of ``accelrt._sweep.sweep``
@@ -117,6 +118,7 @@ __all__ = [
     "get_memory_info",
     "host_memory_stats",
     "is_available",
+    "is_graph_available",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory",

@@ -7,11 +7,11 @@ Mirrors ``torch.accelerator`` (``is_available``, ``current_accelerator``, ``devi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from . import _runtime
 from ._device import Device, DeviceLike, DeviceProperties
-from .backends._base import Backend
+from .backends._base import Backend, DType
 
 __all__ = [
     "current_accelerator",
@@ -169,7 +169,7 @@ def get_device_name(device: DeviceLike = None) -> str:
     return get_device_properties(device).name
 
 
-def get_device_capability(device: DeviceLike = None) -> dict[str, Any]:
+def get_device_capability(device: DeviceLike = None) -> DeviceCapability:
     """Return what ``device`` (the current device if None) can do.
 
     Returns
@@ -192,3 +192,9 @@ def get_device_capability(device: DeviceLike = None) -> dict[str, Any]:
     """
     backend, index = _runtime.resolve_device(device, init=False)
     return {"supported_dtypes": set(backend.supported_dtypes(index))}
+
+
+class DeviceCapability(TypedDict):
+    """What :func:`get_device_capability` returns."""
+
+    supported_dtypes: set[DType]

@@ -7,10 +7,10 @@ Mirrors ``torch.device``: ``Device("opencl:0")``, ``Device("sim", 1)``, ``Device
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 __all__ = ["Device", "DeviceLike", "DeviceProperties"]
 
@@ -106,7 +106,7 @@ class Device:
     def __str__(self) -> str:
         return self._type if self._index is None else f"{self._type}:{self._index}"
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[[str], Device], tuple[str]]:
         return (Device, (str(self),))
 
 
@@ -160,7 +160,7 @@ class DeviceProperties:
     max_allocation_bytes: int
     driver_version: str
     host_accessible: bool
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
     pinned_host_memory: bool = False
 
     def __post_init__(self) -> None:

@@ -20,7 +20,8 @@ without parsing text, and it pickles (it crosses process boundaries in multiproc
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TypedDict
 
 __all__ = ["AcceleratorError", "InputError", "OutOfMemoryError"]
 
@@ -95,8 +96,10 @@ class OutOfMemoryError(AcceleratorError, MemoryError):
         self.free_bytes = free_bytes
         self.total_bytes = total_bytes
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        kwargs = {
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[str, _OomFields], OutOfMemoryError], tuple[str, _OomFields]]:
+        kwargs: _OomFields = {
             "device": self.device,
             "requested_bytes": self.requested_bytes,
             "allocation_bytes": self.allocation_bytes,
@@ -108,5 +111,15 @@ class OutOfMemoryError(AcceleratorError, MemoryError):
         return (_rebuild_oom, (str(self), kwargs))
 
 
-def _rebuild_oom(message: str, kwargs: dict[str, Any]) -> OutOfMemoryError:
+class _OomFields(TypedDict):
+    device: str
+    requested_bytes: int
+    allocation_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    free_bytes: int
+    total_bytes: int
+
+
+def _rebuild_oom(message: str, kwargs: _OomFields) -> OutOfMemoryError:
     return OutOfMemoryError(message, **kwargs)

@@ -17,24 +17,46 @@ import os
 import warnings
 import weakref
 from types import TracebackType
-from typing import Any
 
 from . import _runtime
 from ._stream import CAPTURING, Stream, current_stream
-from .backends._base import Backend, GraphCapture
+from .backends._base import Backend, GraphCapture, GraphHandle
 from .memory._atomic import finaliser
 from .memory.device._block import PoolId
 from .memory.device._core import CachingAllocator
 from .memory.device._pool import MemPool
 from .memory.device._registry import get_allocator
 
-__all__ = ["Graph"]
+__all__ = ["Graph", "is_graph_available"]
 
 CAPTURE_ERROR_MODES = ("default", "global", "thread_local", "relaxed")
 """The ``capture_error_mode`` values; ``"default"`` is ``"global"`` on CUDA (as PyTorch's)."""
 
 _pools: weakref.WeakValueDictionary[PoolId, MemPool] = weakref.WeakValueDictionary()
 """The pools of live graphs by id, so that ``Graph(pool=other.pool())`` shares one."""
+
+
+def is_graph_available() -> bool:
+    """Return True if the accelerator can capture and replay graphs (:class:`Graph`).
+
+    Returns
+    -------
+    bool
+        True when the accelerator's backend has the graph-capture capability and at least
+        one device (``cuda``); False for ``sim``, ``opencl`` and ``xpu``, and when there is
+        no accelerator. ``Graph()`` raises ``RuntimeError`` exactly when this is False.
+
+    Notes
+    -----
+    Never raises and creates no driver context, as ``is_available``. A backend capability
+    query: PyTorch 2.14's ``torch.accelerator`` has none (``torch.accelerator.Graph`` fails on
+    a backend without graphs); docs/conformance.md.
+    """
+    try:
+        backend = _runtime.accelerator()
+    except ValueError:  # ACCELRT_BACKEND names no backend: there is no accelerator
+        return False
+    return isinstance(backend, GraphCapture) and _runtime.device_count() > 0
 
 
 class Graph:
@@ -109,8 +131,8 @@ class Graph:
         pool: MemPool | PoolId | None = None,
         capture_error_mode: str = "default",
     ) -> None:
-        self._graph: Any = None
-        self._exec: Any = None
+        self._graph: GraphHandle | None = None
+        self._exec: GraphHandle | None = None
         self._capturing = False
         self._holds_pool = False  # a capture counts in the pool's use_count until reset
         self._debug = False  # enable_debug_mode: keep the captured graph for debug_dump

@@ -3,7 +3,7 @@ the allocator core in use, and every available device's properties and free memo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from . import _runtime
 from ._errors import InputError
@@ -11,7 +11,39 @@ from .backends import available_backends, get_backend, registered_backends
 from .memory.device import _core
 
 
-def info_data() -> dict[str, Any]:
+class DeviceInfo(TypedDict):
+    """One device in :func:`info_data`."""
+
+    device: str
+    name: str
+    vendor: str
+    total_memory_bytes: int
+    free_memory_bytes: int
+    max_allocation_bytes: int
+    compute_units: int
+    driver_version: str
+    host_accessible: bool
+
+
+class CoreInfo(TypedDict):
+    """Which allocator core runs (``"compiled"`` or ``"python"``), and why."""
+
+    core: str
+    reason: str | None
+
+
+class InfoData(TypedDict):
+    """What :func:`info_data` returns."""
+
+    accelerator: str | None
+    registered_backends: list[str]
+    available_backends: list[str]
+    unavailable_backends: dict[str, str]
+    allocator_core: CoreInfo
+    devices: list[DeviceInfo]
+
+
+def info_data() -> InfoData:
     """Return what ``accelrt info`` shows, as JSON-serialisable data.
 
     Returns
@@ -34,7 +66,7 @@ def info_data() -> dict[str, Any]:
         accelerator = backend.name if backend is not None else None
     except InputError as exc:  # ACCELRT_BACKEND names no backend
         accelerator = f"error: {exc}"
-    data: dict[str, Any] = {
+    data: InfoData = {
         "accelerator": accelerator,
         "registered_backends": registered_backends(),
         "available_backends": available_backends(),

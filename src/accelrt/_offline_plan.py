@@ -39,7 +39,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -56,8 +55,8 @@ __all__ = [
 ]
 
 Int64Array = npt.NDArray[np.int64]
-Times = npt.NDArray[np.integer[Any]]
-"""Lifetime bounds: any integer dtype (the bounds pass int32 where it holds them)."""
+Times = npt.NDArray[np.int32 | np.int64]
+"""Lifetime bounds: int32 where they fit (as the bounds pass them), else int64."""
 
 GREEDY_BLOCKS = 8192
 """How many of the largest blocks greedy by size places (its cost: this many numpy passes)."""

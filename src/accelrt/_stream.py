@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 from . import _runtime
 from ._device import Device, DeviceLike
 from ._stream_ops import StreamCore  # the build where there is one (accelrt/_compiled.py)
-from .backends._base import Backend, StreamOps, bind_stream
+from .backends._base import Backend, EventHandle, StreamOps, bind_stream
 from .memory._atomic import finaliser
 
 __all__ = ["Event", "Stream", "current_stream", "set_stream"]
@@ -83,7 +83,7 @@ class Stream(StreamCore):
         self._ops: StreamOps = bind_stream(backend, index, self._handle)
 
     @classmethod
-    def from_handle(cls, handle: Any, device: DeviceLike = None) -> Stream:
+    def from_handle(cls, handle: object, device: DeviceLike = None) -> Stream:
         """Rebuild a ``Stream`` from its backend handle and device, or wrap a foreign stream.
 
         Parameters
@@ -148,7 +148,7 @@ class Stream(StreamCore):
         return cls._wrap(backend, index, handle)
 
     @classmethod
-    def _from_sycl_queue(cls, queue: Any, device: DeviceLike) -> Stream:
+    def _from_sycl_queue(cls, queue: object, device: DeviceLike) -> Stream:
         """``from_handle`` of a ``dpctl.SyclQueue``: the ``xpu`` stream over that queue."""
         backend, index = _runtime.resolve_device(device)
         if backend.name != "xpu":
@@ -351,7 +351,7 @@ class Event:
         self._enable_timing = bool(enable_timing)
         self._backend: Backend | None = None
         self._index: int | None = None
-        self._handle: Any = None
+        self._handle: EventHandle | None = None
 
     @property
     def device(self) -> Device | None:
@@ -456,7 +456,15 @@ class Event:
         return f"Event(device={self.device}, enable_timing={self._enable_timing})"
 
 
-def _cuda_stream_handle(obj: Any) -> int:
+class _CUDAStreamLike(Protocol):
+    """An object implementing the CUDA stream protocol: ``__cuda_stream__`` is a method that
+    returns ``(version, CUstream as int)`` (or, as early ``cuda.core`` had, that tuple)."""
+
+    @property
+    def __cuda_stream__(self) -> object: ...
+
+
+def _cuda_stream_handle(obj: _CUDAStreamLike) -> int:
     """The native ``CUstream`` of an object implementing the CUDA stream protocol."""
     protocol = obj.__cuda_stream__
     info = protocol() if callable(protocol) else protocol

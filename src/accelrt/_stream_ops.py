@@ -22,8 +22,8 @@ Nothing here imports the rest of accelrt: it sits at the bottom of the layers.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol
 
 __all__ = ["QueueStreamOps", "SVMStreamOps", "StreamCore"]
 
@@ -34,6 +34,12 @@ class _Ops(Protocol):
     def query(self) -> bool: ...
 
     def synchronize(self) -> None: ...
+
+
+class _Queue(Protocol):
+    """What ``QueueStreamOps`` calls on its queue (a ``pyopencl.CommandQueue``, say)."""
+
+    def finish(self) -> None: ...
 
 
 class StreamCore:
@@ -69,11 +75,11 @@ class QueueStreamOps:
     """
 
     __slots__ = ("keep", "last", "queue")
-    queue: Any
-    last: Any
-    keep: deque[Any]
+    queue: _Queue | None
+    last: object
+    keep: deque[Any]  # each backend's own entries (deque is invariant: a subclass narrows it)
 
-    def missing(self) -> None:
+    def missing(self) -> NoReturn:
         """Raise the error of a stream that does not exist (any more)."""
         raise NotImplementedError
 
@@ -118,14 +124,14 @@ class SVMStreamOps(QueueStreamOps):
     """
 
     __slots__ = ("scan_at", "scan_bytes", "svm_memcpy", "unscanned", "views", "wrap_host")
-    views: dict[tuple[int, int], Any]
-    wrap_host: Callable[[memoryview], Any]
-    svm_memcpy: Callable[..., Any]
+    views: Mapping[tuple[int, int], object]
+    wrap_host: Callable[[memoryview], object]
+    svm_memcpy: Callable[..., object]
     scan_at: int
     scan_bytes: int
     unscanned: int
 
-    def device_view(self, address: int, nbytes: int) -> Any:
+    def device_view(self, address: int, nbytes: int) -> object:
         """The ``cl.SVM`` of device memory that ``views`` lacks."""
         raise NotImplementedError
 

@@ -12,7 +12,6 @@ and the HTML page escapes as HTML.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 __all__ = ["error_line", "one_line", "printable", "shown"]
 
@@ -61,7 +60,7 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     return pattern.sub(_escape, text)
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """``repr(value)``, cut to 60 characters for messages."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

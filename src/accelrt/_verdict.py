@@ -70,6 +70,8 @@ def fragmentation_summary(reports: Sequence[ReplayReport]) -> str | None:
     else:
         recovered = first.peak_reserved_bytes - best.peak_reserved_bytes
         tried = f"the best setting tried, {best.config}, recovers {format_bytes(recovered)}"
+        if "policy:accelrt" in best.config:
+            tried += " (accelrt only: PyTorch's allocator has no such policy)"
     return (
         f"fragmentation costs {format_bytes(first.peak_reserved_bytes - rounded)} under "
         f"{first.config} (peak reserved {format_bytes(first.peak_reserved_bytes)} over the "

@@ -15,9 +15,9 @@ import time
 import warnings
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ._bounds import lower_bounds
 from ._device import Device
@@ -200,7 +200,7 @@ class ReplayReport:
         """One line saying how the start state was built (``start_state`` and its figures)."""
         return describe_start(self.start_state, self.start_transient_share, self.start_cached_bytes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Return the report as plain JSON-serialisable data (without ``segment_maps``)."""
         data = asdict(self)
         del data["segment_maps"], data["memory_stats"]
@@ -565,10 +565,10 @@ def _run_events(
 
 def _run_chunk(
     allocator: CachingAllocator,
-    codes: np.ndarray[Any, np.dtype[np.int8]],
-    addrs: np.ndarray[Any, np.dtype[np.int64]],
-    sizes: np.ndarray[Any, np.dtype[np.int64]],
-    handles: np.ndarray[Any, np.dtype[np.int64]] | None,
+    codes: npt.NDArray[np.int8],
+    addrs: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    handles: npt.NDArray[np.int64] | None,
     handle: int,
     blocks: dict[int, Block],
     start: int,

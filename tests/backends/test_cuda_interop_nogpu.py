@@ -519,12 +519,24 @@ def test_numba_missing_names_the_package(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_backends_without_capture_refuse_graphs(name: str, request: pytest.FixtureRequest) -> None:
     request.getfixturevalue(name)
     assert not isinstance(get_backend(name), GraphCapture)
+    assert not acc.is_graph_available()
     with pytest.raises(RuntimeError, match=f"the '{name}' backend cannot capture graphs"):
         acc.Graph()
 
 
 def test_the_cuda_backend_can_capture(gpu: GraphDriver) -> None:
     assert isinstance(get_backend("cuda"), GraphCapture)
+
+
+def test_is_graph_available_is_the_backends_capability(gpu: GraphDriver) -> None:
+    assert acc.is_graph_available()  # the cuda backend (fake driver) captures graphs
+
+
+def test_is_graph_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELRT_BACKEND", "nonesuch")
+    assert not acc.is_graph_available()
+    with pytest.raises(ValueError, match="unknown backend 'nonesuch'"):
+        acc.current_stream()  # choosing the accelerator raises: is_graph_available() did not
 
 
 def test_graph_capture_and_replay(gpu: GraphDriver) -> None:

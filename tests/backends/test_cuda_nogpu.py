@@ -877,3 +877,31 @@ def test_expandable_segments_grow_and_shrink_through_the_driver(
     assert fake.names().count("cuMemUnmap") == 30
     assert fake.names()[-1] == "cuMemAddressFree"
     assert not fake.reserved
+
+
+def test_policy_accelrt_moves_pages_and_orders_streams_through_the_driver(
+    fake: FakeDriver, backend: CUDABackend
+) -> None:
+    """policy:accelrt on CUDA's driver: an adoption is one event recorded on the owner and
+    waited on by the new stream; a move unmaps the idle pages (after synchronizing their
+    owner) and maps as many new ones, so the device holds 160 MiB, not 220 MiB."""
+    fake.total = 1 << 30
+    alloc = CachingAllocator(backend, 0, AllocatorConfig.parse("policy:accelrt"))
+    side = backend.stream_create(0, 0)
+    a = alloc.malloc(60 * MiB, 0)
+    alloc.malloc(60 * MiB, 0)
+    alloc.free(a)
+    before = len(fake.calls)
+    alloc.malloc(100 * MiB, 0)
+    names = fake.names()[before:]
+    assert names.count("cuMemUnmap") == 30 and names.count("cuMemCreate") == 50
+    assert names.index("cuStreamSynchronize") < names.index("cuMemUnmap")
+    assert fake.used == 160 * MiB
+    c = alloc.malloc(10 * MiB, side)  # nothing free on the side stream or stream 0: maps
+    alloc.free(c)
+    before = len(fake.calls)
+    d = alloc.malloc(10 * MiB, 0)  # adopts the side stream's free block
+    assert d.address == c.address
+    names = fake.names()[before:]
+    assert "cuEventRecord" in names and "cuStreamWaitEvent" in names
+    assert "cuMemCreate" not in names

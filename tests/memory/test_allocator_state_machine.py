@@ -4,7 +4,9 @@ A hypothesis ``RuleBasedStateMachine`` drives one allocator on a small simulated
 mallocs of every size class on three streams (some bigger than the device, many that run it out
 of memory), frees, ``record_stream``, ``empty_cache``, settings changed at run time (expandable
 segments on and off, ``max_split_size_mb``, ``roundup_power2_divisions``, garbage collection, a
-memory fraction) and three private pools that are entered, left and released. After every step
+memory fraction) and three private pools that are entered, left and released (the second never
+splits a block, ``MemPool(no_split=True)``; the third lends its free blocks to default-pool
+requests that ran out, ``MemPool(use_on_oom=True)``). After every step
 the invariants recompute the allocator's books from its blocks (docs/allocator.md sections 1-8
 and 14) and compare them with its statistics, its snapshot, a model of the live blocks kept
 here and the simulated device's own accounting.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -32,11 +35,14 @@ from hypothesis.stateful import (
 from accelrt import OutOfMemoryError
 from accelrt.backends.sim import VM_GRANULARITY, SimBackend
 from accelrt.memory import AllocatorConfig, Block, CachingAllocator, round_size, segment_size
+from accelrt.memory.device._block import SHARED_STREAM
 
 MiB = 1 << 20
 PoolId = tuple[int, int]
 DEFAULT_POOL: PoolId = (0, 0)
 PRIVATE_POOLS: tuple[PoolId, ...] = ((0, 1), (0, 2), (0, 3))
+NO_SPLIT: PoolId = (0, 2)  # MemPool(no_split=True)
+LENDER: PoolId = (0, 3)  # MemPool(use_on_oom=True)
 CAPACITIES = (64 * MiB, 256 * MiB, 1024 * MiB)
 MAX_SPLIT_MB = (None, 20, 32, 64)
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -105,6 +111,7 @@ class World:
         max_split_mb: int | None = None,
         roundup: bool = False,
         gc_threshold: float = 0.0,
+        arenas: bool = False,
     ) -> None:
         self.capacity = capacity
         self.backend = SimBackend(device_count=1, capacity=capacity)
@@ -113,7 +120,10 @@ class World:
         self.max_split_mb = max_split_mb
         self.roundup = roundup
         self.gc_threshold = gc_threshold
-        self.alloc = CachingAllocator(self.backend, 0, self.config())
+        self.arenas = arenas  # policy:accelrt (docs/allocator.md section 16)
+        with warnings.catch_warnings():  # the settings policy:accelrt ignores, said once
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.alloc = CachingAllocator(self.backend, 0, self.config())
         self.alloc.record_history("all", None, HISTORY_ENTRIES)
         self.live: list[Live] = []
         self.pending: list[Live] = []  # freed after record_stream: waiting for events
@@ -121,6 +131,9 @@ class World:
         self.route: list[PoolId] = []  # this thread's begin_allocate_to_pool stack
         self.created: set[PoolId] = set()
         self.released: set[PoolId] = set()
+        self.alloc.create_pool(NO_SPLIT, no_split=True)
+        self.alloc.create_pool(LENDER, use_on_oom=True)
+        self.created |= {NO_SPLIT, LENDER}
         self.allowed: int | None = None  # fraction x capacity, once a fraction is set
 
     # ------------------------------------------------------------------ settings
@@ -135,12 +148,22 @@ class World:
             parts.append("roundup_power2_divisions:4")
         if self.gc_threshold:
             parts.append(f"garbage_collection_threshold:{self.gc_threshold}")
+        if self.arenas:
+            parts.append("policy:accelrt")
         return AllocatorConfig.parse(",".join(parts))
 
+    @property
+    def pages(self) -> bool:
+        """Whether new memory comes as pages: expandable segments or policy:accelrt's arenas."""
+        return self.expandable or self.arenas
+
     def apply_config(self) -> None:
-        self.alloc.set_config(self.config())
-        assert self.alloc.expandable_segments is self.expandable
-        expected = -1 if self.max_split_mb is None else self.max_split_mb * MiB
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.alloc.set_config(self.config())
+        assert self.alloc.expandable_segments is self.pages
+        unlimited = self.max_split_mb is None or self.arenas
+        expected = -1 if unlimited else self.max_split_mb * MiB
         assert self.alloc.memory_stats()["max_split_size"] == expected
 
     def set_fraction(self, fraction: float) -> None:
@@ -173,16 +196,23 @@ class World:
         assert isinstance(block, Block)
         assert block.allocated and block.event_count == 0 and not block.stream_uses
         assert block.requested_size == nbytes and block.stream == stream
-        assert block.pool.pool_id == self.target_pool()
+        pool_id = block.pool.pool_id
+        if pool_id != self.target_pool():  # lent on OOM: the ladder found nothing else
+            assert self.target_pool() == DEFAULT_POOL and pool_id == LENDER, "only LENDER lends"
+            assert LENDER not in self.released, "a released pool lent a block"
+            assert after["num_ooms"] == before["num_ooms"]
+            note("malloc: lent by a use_on_oom pool")
         assert block.pool.is_small == (rounded <= MiB)
         assert block.size >= rounded and block.size % 512 == 0
-        if self.expandable or block.pool.is_small:
+        if pool_id == NO_SPLIT:  # a whole free block, or a whole new segment or mapped run
+            note("malloc: a whole block of a no_split pool")
+        elif self.pages or block.pool.is_small:
             assert block.size == rounded, "any rest of 512 bytes or more is split off"
         elif self.max_split_mb is None or rounded < self.max_split_mb * MiB:
             assert block.size <= rounded + MiB, "a large rest of more than 1 MiB is split off"
         else:
             assert block.size < rounded + MAX_NON_SPLIT_ROUNDING
-        if not self.expandable:
+        if not self.pages:
             assert not block.segment.is_expandable, "blocks of expandable segments are skipped"
             new_segment = after["num_device_alloc"] > before["num_device_alloc"]
             if new_segment and self.allowed is not None:
@@ -196,7 +226,7 @@ class World:
             note("malloc: released cached memory and succeeded")
         if self.route:
             note("malloc: into a private pool")
-        self.live.append(Live(block, nbytes, self.target_pool()))
+        self.live.append(Live(block, nbytes, pool_id))
         return block
 
     def check_out_of_memory(
@@ -208,7 +238,7 @@ class World:
         assert isinstance(error, MemoryError)
         assert stats["num_ooms"] == before["num_ooms"] + 1
         assert error.requested_bytes == nbytes
-        alloc_size = segment_size(rounded)
+        alloc_size = round_up(rounded, SMALL_PAGE) if self.arenas else segment_size(rounded)
         assert error.allocation_bytes == alloc_size
         for key in ("allocation", "allocated_bytes"):
             for kind in ("all", "small_pool", "large_pool"):
@@ -217,12 +247,16 @@ class World:
         free, total = self.backend.mem_get_info(0)
         assert total == self.capacity
         refused = self.allowed is not None and alloc.reserved_bytes + alloc_size > self.allowed
-        if self.expandable:  # the map that failed needed at most the request in whole pages
+        if self.arenas:  # the map that failed needed at most the request in 2 MiB pages
+            pages = round_up(rounded, SMALL_PAGE)
+            refused = self.allowed is not None and alloc.reserved_bytes + pages > self.allowed
+            assert refused or free < pages
+        elif self.expandable:  # the map that failed needed at most the request in whole pages
             assert refused or free < round_up(rounded, page_of(rounded <= MiB))
         else:
             assert refused or free < alloc_size, "out of memory with room for the segment"
         # step 6 of the ladder waited for all events and released every whole free segment
-        self.check_cache_released(unmapped_too=not self.expandable)
+        self.check_cache_released(unmapped_too=not self.pages)
 
     def free(self, pick: int) -> None:
         record = self.live.pop(pick % len(self.live))
@@ -294,7 +328,11 @@ class World:
                 assert block.size > 0 and block.size % 512 == 0, block
                 assert block.segment is segment, block
                 assert block.pool is segment.pool, block
-                assert block.stream == segment.stream, block
+                if segment.stream == SHARED_STREAM:  # an arena: owners, unmapped is everyone's
+                    assert (block.stream == SHARED_STREAM) is not block.mapped, block
+                    assert block.stream == SHARED_STREAM or block.stream in self.streams, block
+                else:
+                    assert block.stream == segment.stream, block
                 if i:
                     assert block.prev is blocks[i - 1] and blocks[i - 1].next is block
                 address += block.size
@@ -312,12 +350,14 @@ class World:
             for left, right in itertools.pairwise(blocks):
                 assert left.mapped or right.mapped, f"adjacent unmapped: {left!r}, {right!r}"
                 both_free = is_free(left) and is_free(right) and left.mapped and right.mapped
-                assert not both_free, f"adjacent free blocks not merged: {left!r}, {right!r}"
+                mergeable = both_free and left.stream == right.stream  # arenas: same owner
+                assert not mergeable, f"adjacent free blocks not merged: {left!r}, {right!r}"
             if not segment.is_expandable:
                 assert all(block.mapped for block in blocks), segment
                 continue
             page = segment.page_size
-            assert page == page_of(segment.pool.is_small)
+            arena = segment.stream == SHARED_STREAM
+            assert page == (SMALL_PAGE if arena else page_of(segment.pool.is_small))
             assert segment.size % page == 0 and segment.address % VM_GRANULARITY == 0
             mapped = 0
             for block in blocks:
@@ -428,7 +468,8 @@ class World:
         for name in ("oversize_allocations", "oversize_segments"):
             assert stats[f"{name}.allocated"] - stats[f"{name}.freed"] == stats[f"{name}.current"]
         # counted by the max_split_size in force now (a change recounts them)
-        limit = MAX_REQUEST if self.max_split_mb is None else self.max_split_mb * MiB
+        unlimited = self.max_split_mb is None or self.arenas
+        limit = MAX_REQUEST if unlimited else self.max_split_mb * MiB
         oversize = sum(r.block.size >= limit for r in self.live)
         assert stats["oversize_allocations.current"] == oversize, "oversize_allocations"
         oversize = sum(not s.is_expandable and s.size >= limit for s, _ in alloc.segments())
@@ -587,12 +628,20 @@ class AllocatorMachine(RuleBasedStateMachine):
         expandable=st.booleans(),
         max_split_mb=st.sampled_from(MAX_SPLIT_MB),
         fraction=st.one_of(st.none(), st.sampled_from(FRACTIONS)),
+        arenas=st.booleans(),
     )
     @guarded
     def start(
-        self, capacity: int, expandable: bool, max_split_mb: int | None, fraction: float | None
+        self,
+        capacity: int,
+        expandable: bool,
+        max_split_mb: int | None,
+        fraction: float | None,
+        arenas: bool,
     ) -> None:
-        self.world = World(capacity, expandable=expandable, max_split_mb=max_split_mb)
+        self.world = World(
+            capacity, expandable=expandable, max_split_mb=max_split_mb, arenas=arenas
+        )
         if fraction is not None:
             self.world.set_fraction(fraction)
 
@@ -686,6 +735,13 @@ class AllocatorMachine(RuleBasedStateMachine):
     @guarded
     def toggle_expandable(self) -> None:
         self.w.expandable = not self.w.expandable
+        self.w.apply_config()
+
+    @rule()
+    @guarded
+    def toggle_policy(self) -> None:
+        """Between policy:pytorch and policy:accelrt; what is cached stays as it is."""
+        self.w.arenas = not self.w.arenas
         self.w.apply_config()
 
     @rule(max_split_mb=st.sampled_from(MAX_SPLIT_MB))
@@ -839,6 +895,25 @@ def test_out_of_memory_leaves_no_address_range_reserved() -> None:
     world.alloc.release_pool((0, 1))
     world.alloc.empty_cache()
     assert world.alloc.reserved_bytes == 0
-    assert world.alloc.pool_ids() == []  # (0, 1) stays
+    assert world.alloc.pool_ids() == [NO_SPLIT, LENDER]  # (0, 1) is forgotten; World made these
     assert world.alloc.segments() == []  # 8 all-unmapped expandable segments stay
     assert not world.backend._devices[0].reservations
+
+
+def test_a_use_on_oom_pool_lends_when_the_default_pool_runs_out() -> None:
+    # the random runs rarely get there: the default pool out of memory while LENDER holds a
+    # free piece of a partly used segment on the same stream
+    world = World(64 * MiB)
+    world.alloc.begin_allocate_to_pool(LENDER)
+    world.route.append(LENDER)
+    world.malloc(512, 0)
+    world.malloc(512, 0)
+    world.alloc.end_allocate_to_pool(world.route.pop())
+    world.free(1)
+    world.set_fraction(1 / 32)  # 2 MiB: no segment beyond LENDER's
+    lent = world.malloc(4096, 0)
+    assert lent is not None and lent.pool.pool_id == LENDER and lent.size == 4096
+    world.check_all()
+    assert world.malloc(4 * MiB, 0) is None  # nothing that big to lend
+    world.free_everything()
+    world.check_empty()

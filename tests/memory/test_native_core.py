@@ -46,6 +46,7 @@ SETTINGS = [
     "max_split_size_mb:128",
     "roundup_power2_divisions:4",
     "garbage_collection_threshold:0.6,per_process_memory_fraction:0.9",
+    "policy:accelrt",
 ]
 
 
@@ -104,6 +105,8 @@ configs = st.sampled_from(
         "max_split_size_mb:40,max_non_split_rounding_mb:30",
         "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
         "garbage_collection_threshold:0.5,per_process_memory_fraction:0.5",
+        "policy:accelrt",
+        "policy:accelrt,per_process_memory_fraction:0.5",
     ]
 )
 

@@ -20,6 +20,7 @@ PYX = Path(_core.__file__).with_name("_native.pyx")
 REPEATED = {
     "K_MIN_BLOCK_SIZE": _policy.K_MIN_BLOCK_SIZE,
     "K_SMALL_SIZE": _policy.K_SMALL_SIZE,
+    "K_SMALL_BUFFER": _policy.K_SMALL_BUFFER,
     "K_MAX_REQUEST_BYTES": _policy.MAX_REQUEST_BYTES,
     "UNLIMITED": _policy.UNLIMITED,
     "NUM_ROUNDUP_SLOTS": _config.NUM_ROUNDUP_SLOTS,

@@ -118,7 +118,7 @@ def test_snapshot_segments_and_block_states(sim: str) -> None:
     acc.record_stream(b, other)
     b.free()  # pending: waits for an event on ``other``
     snapshot = acc.memory_snapshot()
-    assert snapshot["accelrt_schema_version"] == 1
+    assert snapshot["accelrt_schema_version"] == 2
     assert snapshot["allocator_settings"]["max_split_size"] == -1
     assert len(snapshot["device_traces"]) == 2 and snapshot["device_traces"][1] == []
     (segment,) = snapshot["segments"]
@@ -202,3 +202,95 @@ def test_restricted_unpickler_runs_nothing(tmp_path: Path) -> None:
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
     with pytest.raises(TraceFormatError, match="has no allocation history"):
         acc.trace.load(path)
+
+
+def test_named_stages_are_the_snapshots_external_annotations(sim: str) -> None:
+    # PyTorch's snapshots carry torch.profiler.record_function ranges as external_annotations
+    # entries {"name", "stage": "START"/"END", "device", "time_us"} (issue 25)
+    with acc.memory.record_function("before history"):  # no history: nothing, no error
+        pass
+    acc.record_memory_history(max_entries=3)
+    with acc.memory.record_function("forward"):
+        a = acc.empty(100)
+
+    @acc.memory.record_function("step")
+    def step() -> None:
+        acc.empty(100).free()
+
+    step()
+    snapshot = acc.memory_snapshot()
+    stages = [(e["name"], e["stage"], e["device"]) for e in snapshot["external_annotations"]]
+    # a ring of max_entries: the oldest edge ("forward" START) is gone
+    assert stages == [("forward", "END", 0), ("step", "START", 0), ("step", "END", 0)]
+    times = [e["time_us"] for e in snapshot["external_annotations"]]
+    entries = snapshot["device_traces"][0]
+    assert [e["action"] for e in entries] == ["alloc", "free_requested", "free_completed"]
+    assert times[1] <= entries[0]["time_us"] <= entries[-1]["time_us"] <= times[2]  # in step
+    with pytest.raises(ValueError, match="boom"), acc.memory.record_function("fails"):
+        raise ValueError("boom")
+    assert [e["stage"] for e in acc.memory_snapshot()["external_annotations"]][-2:] == [
+        "START", "END",
+    ]  # fmt: skip
+    assert acc.memory_snapshot(include_traces=False)["external_annotations"] == []
+    with (
+        pytest.raises(TypeError, match=r"takes a stage name \(str\), got 3"),
+        acc.memory.record_function(3),  # type: ignore[arg-type]
+    ):
+        pass
+    acc.record_memory_history(enabled=None)
+    acc.record_memory_history(enabled="state")  # "state" keeps no entries, nor stages
+    with acc.memory.record_function("kept nowhere"):
+        pass
+    assert acc.memory_snapshot()["external_annotations"] == []
+    a.free()
+
+
+def test_named_stages_of_other_threads_need_global_record_annotations(sim: str) -> None:
+    import threading
+
+    def in_a_thread(name: str) -> None:
+        thread = threading.Thread(target=lambda: acc.memory.record_function(name).__enter__())
+        thread.start()
+        thread.join()
+
+    acc.record_memory_history()
+    in_a_thread("other thread")
+    with acc.memory.record_function("main"):
+        pass
+    names = {e["name"] for e in acc.memory_snapshot()["external_annotations"]}
+    assert names == {"main"}
+    acc.record_memory_history(global_record_annotations=True, compile_context=True)
+    in_a_thread("other thread")
+    names = {e["name"] for e in acc.memory_snapshot()["external_annotations"]}
+    assert names == {"main", "other thread"}  # kept across the restart, and the new one
+    with pytest.raises(TypeError, match="global_record_annotations must be a bool, got 1"):
+        acc.record_memory_history(global_record_annotations=1)  # type: ignore[arg-type]
+
+
+def test_set_memory_metadata_stamps_the_threads_entries(sim: str) -> None:
+    # torch.cuda.memory._set_memory_metadata: each entry the thread records carries
+    # "user_metadata"; thread-local; "" stops it (issue 25)
+    import threading
+
+    acc.record_memory_history()
+    assert acc.memory.get_memory_metadata() == ""
+    plain = acc.empty(100)
+    acc.memory.set_memory_metadata("forward")
+    stamped = acc.empty(100)
+    seen: list[str] = []
+    thread = threading.Thread(target=lambda: seen.append(acc.memory.get_memory_metadata()))
+    thread.start()
+    thread.join()
+    assert seen == [""] and acc.memory.get_memory_metadata() == "forward"
+    acc.memory.set_memory_metadata("")
+    plain.free()
+    stamped.free()
+    entries = acc.memory_snapshot()["device_traces"][0]
+    assert [(e["action"], e.get("user_metadata")) for e in entries] == [
+        ("segment_alloc", None), ("alloc", None),
+        ("alloc", "forward"),  # in the segment the first made
+        ("free_requested", None), ("free_completed", None),
+        ("free_requested", None), ("free_completed", None),
+    ]  # fmt: skip
+    with pytest.raises(TypeError, match="set_memory_metadata\\(\\) takes a string, got 1"):
+        acc.memory.set_memory_metadata(1)  # type: ignore[arg-type]

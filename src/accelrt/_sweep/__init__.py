@@ -26,7 +26,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._start_state import check_start
@@ -60,6 +60,9 @@ from ._plan import (
 from ._resume import _ResultsFile
 from ._schedule import _Counter, _run_distributed, _run_local
 
+if TYPE_CHECKING:
+    from distributed import Client
+
 __all__ = [
     "GRANULARITY",
     "RECORDED",
@@ -73,12 +76,12 @@ __all__ = [
 
 def sweep(
     traces: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    configs: Sequence[str | AllocatorConfig | Mapping[str, Any]] | str | None = None,
+    configs: Sequence[str | AllocatorConfig | Mapping[str, object]] | str | None = None,
     *,
-    grid: Mapping[str, Sequence[Any]] | Sequence[tuple[str, Sequence[Any]]] | None = None,
+    grid: Mapping[str, Sequence[object]] | Sequence[tuple[str, Sequence[object]]] | None = None,
     capacities: Sequence[int | str | None] | int | str | None = None,
     find_capacity: bool = False,
-    scheduler: str | Any | None = None,
+    scheduler: str | Client | None = None,
     num_workers: int | None = None,
     include_host: bool = False,
     device_index: int | None = None,
@@ -87,7 +90,7 @@ def sweep(
     connect_timeout: float = CONNECT_TIMEOUT,
     start: str = "modelled",
     scheduler_file: str | os.PathLike[str] | None = None,
-    on_connect: Callable[[Any], None] | None = None,
+    on_connect: Callable[[Client], None] | None = None,
     results_file: str | os.PathLike[str] | None = None,
     resume: bool = False,
 ) -> SweepResults:

@@ -7,10 +7,13 @@ import contextlib
 import os
 import re
 import socket
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import one_line, shown
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 SCHEDULERS = ("processes", "threads", "synchronous")
 """The local Dask schedulers ``scheduler=`` names; anything else must be ``tcp://HOST:PORT``."""
@@ -19,7 +22,7 @@ CONNECT_TIMEOUT = 5.0
 _ADDRESS_RE = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})", re.ASCII)
 
 
-def _check_scheduler(scheduler: Any) -> str | Any:
+def _check_scheduler(scheduler: object) -> str | Client:
     if scheduler is None:  # Dask's convention, as Client() has it, else every local core
         from_env = os.environ.get("DASK_SCHEDULER_ADDRESS", "").strip()
         if not from_env:
@@ -51,7 +54,7 @@ def _check_scheduler(scheduler: Any) -> str | Any:
     )
 
 
-def _connect(address: str, timeout: float) -> Any:
+def _connect(address: str, timeout: float) -> Client:
     try:
         from distributed import Client
     except ImportError:
@@ -72,7 +75,7 @@ def _connect(address: str, timeout: float) -> Any:
         ) from None
 
 
-def _connect_file(path: str, timeout: float) -> Any:
+def _connect_file(path: str, timeout: float) -> Client:
     """A ``Client`` of the scheduler a ``--scheduler-file`` JSON names."""
     from distributed import Client
 
@@ -89,7 +92,7 @@ def _connect_file(path: str, timeout: float) -> Any:
         ) from None
 
 
-def _check_versions(client: Any) -> None:
+def _check_versions(client: Client) -> None:
     """Refuse a cluster whose scheduler or workers run other versions than this client."""
     try:
         client.get_versions(check=True, packages=["accelrt"])

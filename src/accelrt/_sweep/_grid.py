@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from .._errors import InputError
 from .._text import shown
 from ..memory._config import AllocatorConfig, Setting
 
 
-def _setting(value: Any, where: str, source: str) -> Setting:
+def _setting(
+    value: Setting | AllocatorConfig | str | Mapping[str, object] | None, where: str, source: str
+) -> Setting:
     """A setting to try, from a :class:`Setting` (as it is) or what ``AllocatorConfig.coerce``
     takes (with ``source``); errors name ``where`` it was given."""
     if isinstance(value, Setting):
@@ -74,7 +75,10 @@ def parse_grid(spec: str) -> tuple[str, list[str]]:
     return key, values
 
 
-def _candidates(configs: Sequence[Any], grid: Sequence[tuple[str, Sequence[Any]]]) -> list[Setting]:
+def _candidates(
+    configs: Sequence[Setting | AllocatorConfig | str | Mapping[str, object] | None],
+    grid: Sequence[tuple[str, Sequence[object]]],
+) -> list[Setting]:
     """The settings to try: every config, then every combination of the grid; no duplicates."""
     out: list[Setting] = []
     seen: set[AllocatorConfig | None] = set()
@@ -86,7 +90,7 @@ def _candidates(configs: Sequence[Any], grid: Sequence[tuple[str, Sequence[Any]]
 
     for value in configs:
         add(_setting(value, "setting", "configs"))
-    checked: list[tuple[str, list[Any]]] = []
+    checked: list[tuple[str, list[object]]] = []
     for key, values in grid:
         if not isinstance(key, str) or not key.strip():
             raise ValueError(f"a grid key must be a setting's name, got {shown(key)}")
@@ -106,5 +110,5 @@ def _candidates(configs: Sequence[Any], grid: Sequence[tuple[str, Sequence[Any]]
     return out
 
 
-def _grid_value(value: Any) -> str:
+def _grid_value(value: object) -> str:
     return str(value).strip() if not isinstance(value, str) else value.strip()

@@ -11,12 +11,17 @@ import importlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from .._units import MAX_BYTES
 from .._verdict import oom_verdict
-from ..memory._config import RECORDED
+from ..memory._config import RECORDED, AllocatorConfig
 from ..replay import ReplayReport
+
+if TYPE_CHECKING:
+    import pandas
+    import pyarrow
 
 _REPORT_KEYS = tuple(
     f.name
@@ -101,7 +106,7 @@ class SweepResult:
         """Allocations that ran out of memory; None if the replay failed."""
         return self.report.num_ooms if self.report is not None else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Return the combination as JSON-serialisable data.
 
         Returns
@@ -116,7 +121,7 @@ class SweepResult:
             this replay alone, as ``accelrt replay --json`` gives it: ``accelrt._verdict``).
         """
         report = self.report.to_dict() if self.report is not None else {}
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             "trace": self.trace,
             "config": self.config,
             "config_source": self.config_source,
@@ -131,7 +136,7 @@ class SweepResult:
         data["verdict"] = oom_verdict([self.report]) if self.report is not None else None
         return data
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, object]:
         """Return :meth:`to_dict` with scalar values only, for CSV, Parquet and data frames.
 
         ``ooms`` (a list) is left out (``num_ooms`` counts them) and ``notes`` are joined
@@ -140,7 +145,7 @@ class SweepResult:
         data = self.to_dict()
         del data["ooms"]
         notes = data["notes"]
-        data["notes"] = "; ".join(notes) if notes is not None else None
+        data["notes"] = "; ".join(notes) if isinstance(notes, list) else None  # (or None)
         return data
 
 
@@ -210,14 +215,23 @@ class SettingSummary:
             )
         return "" if self.config == "defaults" else self.config
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def accelrt_only(self) -> bool:
+        """Whether only accelrt can use the setting: it names ``policy:accelrt``, which
+        PyTorch's allocator does not have (docs/allocator.md section 16)."""
+        if self.config in (RECORDED, "defaults"):
+            return False
+        return AllocatorConfig.parse(self.config).policy != "pytorch"
+
+    def to_dict(self) -> dict[str, object]:
         """Return the summary row as JSON-serialisable data (``fits`` as a list of objects)."""
         data = dataclasses.asdict(self)
         data["fits"] = [{"capacity": c, "traces": n} for c, n in self.fits]
+        data["accelrt_only"] = self.accelrt_only
         return data
 
 
-def _optional(package: str, method: str) -> Any:
+def _optional(package: str, method: str) -> ModuleType:
     """Import ``package`` for ``SweepResults.<method>``, or raise an ``ImportError`` that says
     how to install it."""
     try:
@@ -271,15 +285,15 @@ class SweepResults(list[SweepResult]):
         self.find_capacity = find_capacity
         self.scheduler = scheduler
 
-    def to_dicts(self) -> list[dict[str, Any]]:
+    def to_dicts(self) -> list[dict[str, object]]:
         """Return every combination's :meth:`SweepResult.to_dict`, in order."""
         return [r.to_dict() for r in self]
 
-    def to_records(self) -> list[dict[str, Any]]:
+    def to_records(self) -> list[dict[str, object]]:
         """Return every combination's :meth:`SweepResult.to_record` (scalars only)."""
         return [r.to_record() for r in self]
 
-    def to_arrow(self) -> Any:
+    def to_arrow(self) -> pyarrow.Table:
         """Return the results as a ``pyarrow.Table``, one row per combination.
 
         Raises
@@ -293,9 +307,14 @@ class SweepResults(list[SweepResult]):
             return pa.table({key: [] for key in _record_columns()})
         return pa.Table.from_pylist(records)
 
-    def to_pandas(self) -> Any:
-        """Return the results as a ``pandas.DataFrame``, one row per combination; an
-        ``ImportError`` if pandas is not installed (``pip install pandas``)."""
+    def to_pandas(self) -> pandas.DataFrame:
+        """Return the results as a ``pandas.DataFrame``, one row per combination.
+
+        Raises
+        ------
+        ImportError
+            If pandas is not installed (``pip install pandas``).
+        """
         pd = _optional("pandas", "to_pandas")
         return pd.DataFrame.from_records(self.to_records(), columns=_record_columns())
 
@@ -381,14 +400,17 @@ class SweepResults(list[SweepResult]):
         ranked = sorted(rows, key=key)  # stable: ties keep the order the settings were given
         return [dataclasses.replace(s, rank=i + 1) for i, s in enumerate(ranked)]
 
-    def winner(self) -> SettingSummary | None:
-        """Return the best-ranked named setting (``"recorded"`` is not one); None if none ran."""
+    def winner(self, *, pytorch: bool = False) -> SettingSummary | None:
+        """Return the best-ranked named setting (``"recorded"`` is not one); None if none ran.
+
+        With ``pytorch``, the best one PyTorch can use too (not ``accelrt_only``).
+        """
         for s in self.summary():
-            if s.config != RECORDED and s.traces:
+            if s.config != RECORDED and s.traces and not (pytorch and s.accelrt_only):
                 return s
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """Return what ``accelrt sweep --json`` prints.
 
         Returns
@@ -397,9 +419,12 @@ class SweepResults(list[SweepResult]):
             ``traces``, ``configs``, ``capacities``, ``find_capacity``, ``scheduler``,
             ``results`` (one :meth:`SweepResult.to_dict` per combination), ``summary`` (the
             :meth:`summary` rows) and ``winner`` (``{"config", "PYTORCH_CUDA_ALLOC_CONF",
-            "ACCELRT_ALLOC_CONF"}``, or None).
+            "ACCELRT_ALLOC_CONF", "accelrt_only"}``, or None; ``PYTORCH_CUDA_ALLOC_CONF`` is the
+            best setting PyTorch can use, which differs when the winner is accelrt only, and
+            None when no such setting ran).
         """
         win = self.winner()
+        for_torch = self.winner(pytorch=True)
         return {
             "traces": self.traces,
             "configs": self.configs,
@@ -412,8 +437,9 @@ class SweepResults(list[SweepResult]):
             if win is None
             else {
                 "config": win.config,
-                "PYTORCH_CUDA_ALLOC_CONF": win.env_value,
+                "PYTORCH_CUDA_ALLOC_CONF": None if for_torch is None else for_torch.env_value,
                 "ACCELRT_ALLOC_CONF": win.env_value,
+                "accelrt_only": win.accelrt_only,
             },
         }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._text import printable
 from .._units import format_bytes
@@ -13,6 +13,9 @@ from ..memory._config import setting_text
 from ..replay import ReplayReport
 from ..trace._recording import UNLIMITED_CAPACITY
 from ._model import SweepResult, SweepResults
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _capacity_text(capacity: int | None) -> str:
@@ -36,7 +39,7 @@ def _start_text(report: ReplayReport | None) -> str:
     return f"modelled {format_bytes(low)}-{format_bytes(high)}"
 
 
-def print_results(results: SweepResults, console: Any) -> None:
+def print_results(results: SweepResults, console: Console) -> None:
     """Print the per-trace table, the fleet summary and the winner with rich.
 
     Parameters
@@ -119,9 +122,10 @@ def print_results(results: SweepResults, console: Any) -> None:
         fleet.add_column("total needed", justify="right", no_wrap=True)
         fleet.add_column("max needed", justify="right", no_wrap=True)
     for s in summary:
+        only = " (accelrt only)" if s.accelrt_only else ""
         cells = [
             str(s.rank),
-            escape(setting_text(s.config, sources[s.config])),
+            escape(setting_text(s.config, sources[s.config]) + only),
             str(s.traces),
             format_bytes(s.total_peak_reserved_bytes),
             str(s.total_device_mallocs),
@@ -142,7 +146,21 @@ def print_results(results: SweepResults, console: Any) -> None:
         console.print("no setting replayed any trace")
         return
     value = win.env_value
-    console.print(f"winner: {win.config}", markup=False, highlight=False)
+    accelrt_won = win.accelrt_only
+    if accelrt_won:
+        console.print(
+            f"winner: {win.config} (accelrt only: PyTorch's allocator has no such policy)",
+            markup=False,
+            highlight=False,
+        )
+        console.print(f"export ACCELRT_ALLOC_CONF={value}", markup=False, highlight=False)
+        win = results.winner(pytorch=True)
+        if win is None:
+            return
+        value = win.env_value
+        console.print(f"best PyTorch can use: {win.config}", markup=False, highlight=False)
+    else:
+        console.print(f"winner: {win.config}", markup=False, highlight=False)
     if value:
         console.print(
             f"export PYTORCH_CUDA_ALLOC_CONF={value}   # or ACCELRT_ALLOC_CONF={value}",
@@ -154,6 +172,8 @@ def print_results(results: SweepResults, console: Any) -> None:
                 "note: PyTorch takes the memory fraction from "
                 "torch.cuda.set_per_process_memory_fraction, not from PYTORCH_CUDA_ALLOC_CONF"
             )
+    elif accelrt_won:  # the best PyTorch can use, after an accelrt-only winner
+        console.print("for PyTorch, leave PYTORCH_CUDA_ALLOC_CONF unset: the defaults")
     else:
         console.print("leave PYTORCH_CUDA_ALLOC_CONF (and ACCELRT_ALLOC_CONF) unset: the defaults")
 

@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import shown
@@ -37,7 +37,9 @@ class _Task:
     start: str = "modelled"
 
 
-def _check_traces(traces: Any) -> list[str]:
+def _check_traces(
+    traces: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[str]:
     if isinstance(traces, (str, os.PathLike)):
         traces = [traces]
     if isinstance(traces, (bytes, bytearray)) or not isinstance(traces, Iterable):
@@ -55,7 +57,9 @@ def _check_traces(traces: Any) -> list[str]:
     return paths
 
 
-def _check_capacities(capacities: Any) -> list[int | None]:
+def _check_capacities(
+    capacities: Sequence[int | str | None] | int | str | None,
+) -> list[int | None]:
     if capacities is None or isinstance(capacities, (int, str)):
         capacities = [capacities]
     caps: list[int | None] = []

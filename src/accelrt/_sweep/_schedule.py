@@ -9,11 +9,16 @@ import multiprocessing
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from multiprocessing.context import BaseContext
+from multiprocessing.pool import Pool
+from typing import TYPE_CHECKING
 
 from ._model import SweepResult
 from ._plan import ProgressCallback, _Task
 from ._worker import _CANCELLED, _forget, _run_batch
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 def _ignore_sigint() -> None:
@@ -21,7 +26,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _pool_context() -> Any:
+def _pool_context() -> BaseContext:
     """The multiprocessing context for the workers, its fork server started if it has one.
 
     Workers are forked from a fork server that has imported accelrt once ("forkserver": no
@@ -60,7 +65,7 @@ def _sigint_deferred() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _start_pool(context: Any, workers: int) -> Any:
+def _start_pool(context: BaseContext, workers: int) -> Pool:
     """Start the worker processes; a Ctrl-C meanwhile stops them once they are all known.
 
     (A worker left starting when this process exits would print a traceback.)
@@ -103,10 +108,17 @@ def _run_local(
         counter.expect(batches, keys)
 
         class _Progress(Callback):  # type: ignore[misc]
-            def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker: Any) -> None:
+            def _posttask(
+                self,
+                key: str,
+                result: Sequence[SweepResult],
+                dsk: object,
+                state: object,
+                worker: object,
+            ) -> None:
                 counter.done(key, result)
 
-        kwargs: dict[str, Any] = {"scheduler": scheduler}
+        kwargs: dict[str, object] = {"scheduler": scheduler}
         if pool is not None:
             kwargs.update(pool=pool, chunksize=1)
         elif scheduler == "threads":
@@ -146,7 +158,7 @@ class _Counter:
         sink: Callable[[Sequence[SweepResult]], None] | None = None,
         already: int = 0,
     ) -> None:
-        self.planned: dict[Any, int] = {}
+        self.planned: dict[str, int] = {}
         self.total = self.count = already
         self.progress = progress
         self.sink = sink
@@ -159,7 +171,7 @@ class _Counter:
         if self.progress is not None:
             self.progress(self.count, self.total)
 
-    def done(self, key: Any, rows: Sequence[SweepResult]) -> None:
+    def done(self, key: str, rows: Sequence[SweepResult]) -> None:
         planned = self.planned.pop(key, None)
         if planned is None:
             return
@@ -172,7 +184,7 @@ class _Counter:
 
 
 def _run_distributed(
-    client: Any, batches: list[tuple[_Task, ...]], sizes: list[int], counter: _Counter
+    client: Client, batches: list[tuple[_Task, ...]], sizes: list[int], counter: _Counter
 ) -> list[SweepResult]:
     from distributed import as_completed
 

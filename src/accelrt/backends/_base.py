@@ -22,8 +22,8 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable
-from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from .._device import DeviceProperties
 from .._errors import InputError
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend",
+    "DType",
+    "EventHandle",
+    "GraphHandle",
     "BackendOutOfMemory",
     "GraphCapture",
     "QueueStreamOps",
@@ -57,7 +60,23 @@ STORAGE_DTYPE_NAMES = (
 """The numpy dtypes a device that stores bytes of any kind supports (the simulated device)."""
 
 
-def dtypes(names: Iterable[str]) -> frozenset[np.dtype[Any]]:
+DType: TypeAlias = "np.dtype[np.generic]"
+"""A numpy dtype, as ``Backend.supported_dtypes`` gives them."""
+
+EventHandle: TypeAlias = Any
+"""An event from ``Backend.event_create``: opaque to the runtime, which only hands it back to
+the backend that made it. Each backend takes its own event class (``SimEvent``,
+``OpenCLEvent``...), which one Protocol type cannot name: the one unchecked type of the Protocol."""
+
+GraphHandle: TypeAlias = Any
+"""A graph or executable graph from ``GraphCapture``: opaque, handed back to the backend that
+made it (the ``cuda`` backend's ``CUgraph`` and ``CUgraphExec``); unchecked, as ``EventHandle``."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def dtypes(names: Iterable[str]) -> frozenset[DType]:
     """Return the numpy dtypes of ``names`` (numpy is imported only when this is called)."""
     import numpy
 
@@ -100,7 +119,7 @@ class Backend(Protocol):
     def get_device_properties(self, index: int) -> DeviceProperties:
         """Return the properties of device ``index``."""
 
-    def supported_dtypes(self, index: int) -> frozenset[np.dtype[Any]]:
+    def supported_dtypes(self, index: int) -> frozenset[DType]:
         """Return the numpy dtypes device ``index`` can hold and convert between."""
 
     def supports_virtual_memory(self) -> bool:
@@ -153,25 +172,25 @@ class Backend(Protocol):
     def stream_synchronize(self, index: int, stream: int) -> None:
         """Block until all work submitted to the stream has completed."""
 
-    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+    def stream_wait_event(self, index: int, stream: int, event: EventHandle) -> None:
         """Make future work on ``stream`` wait for ``event`` (no host blocking)."""
 
-    def event_create(self, index: int, timing: bool) -> Any:
+    def event_create(self, index: int, timing: bool) -> EventHandle:
         """Create an event on the device; ``timing`` enables ``event_elapsed_ms``."""
 
-    def event_record(self, event: Any, index: int, stream: int) -> None:
+    def event_record(self, event: EventHandle, index: int, stream: int) -> None:
         """Record ``event`` at the current end of ``stream``."""
 
-    def event_destroy(self, event: Any) -> None:
+    def event_destroy(self, event: EventHandle) -> None:
         """Release an event from ``event_create``; it is not used again."""
 
-    def event_query(self, event: Any) -> bool:
+    def event_query(self, event: EventHandle) -> bool:
         """Return True if the work captured by the event has completed (True if unrecorded)."""
 
-    def event_synchronize(self, event: Any) -> None:
+    def event_synchronize(self, event: EventHandle) -> None:
         """Block until the work captured by the event has completed."""
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+    def event_elapsed_ms(self, start: EventHandle, end: EventHandle) -> float:
         """Return the milliseconds between two recorded, completed timing events."""
 
     def memcpy_async(
@@ -216,11 +235,11 @@ def map_driver_errors(
     an error of the backend's library and returns for anything else, which then propagates as
     it is. (Hot paths call ``translate`` inline instead: a wrapper costs a call per call.)"""
 
-    def wrapped(method: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapped(method: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(method)
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             try:
-                return method(self, *args, **kwargs)
+                return method(*args, **kwargs)
             except Exception as exc:
                 translate(method.__name__, exc)
                 raise
@@ -282,22 +301,22 @@ class GraphCapture(Protocol):
         ``cudaStreamCaptureMode``).
         """
 
-    def graph_capture_end(self, index: int, stream: int) -> Any:
+    def graph_capture_end(self, index: int, stream: int) -> GraphHandle:
         """Stop capturing on ``stream`` and return the captured graph."""
 
-    def graph_instantiate(self, index: int, graph: Any) -> Any:
+    def graph_instantiate(self, index: int, graph: GraphHandle) -> GraphHandle:
         """Return an executable graph made from ``graph``."""
 
-    def graph_launch(self, index: int, executable: Any, stream: int) -> None:
+    def graph_launch(self, index: int, executable: GraphHandle, stream: int) -> None:
         """Submit an executable graph's work to ``stream``."""
 
-    def graph_destroy(self, index: int, graph: Any) -> None:
+    def graph_destroy(self, index: int, graph: GraphHandle) -> None:
         """Release a graph from ``graph_capture_end``."""
 
-    def graph_exec_destroy(self, index: int, executable: Any) -> None:
+    def graph_exec_destroy(self, index: int, executable: GraphHandle) -> None:
         """Release an executable graph from ``graph_instantiate``."""
 
-    def graph_debug_dump(self, index: int, graph: Any, path: str) -> None:
+    def graph_debug_dump(self, index: int, graph: GraphHandle, path: str) -> None:
         """Write a graph from ``graph_capture_end`` to the file ``path`` in the driver's
         debug format."""
 
@@ -321,7 +340,7 @@ class StreamOps(Protocol):
     def synchronize(self) -> None:
         """Block until all work submitted to the stream has completed."""
 
-    def record(self, event: Any) -> None:
+    def record(self, event: EventHandle) -> None:
         """Record ``event`` (from ``event_create``) at the current end of the stream."""
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
@@ -344,7 +363,7 @@ class _BackendStreamOps:
     def synchronize(self) -> None:
         self._backend.stream_synchronize(self._index, self._handle)
 
-    def record(self, event: Any) -> None:
+    def record(self, event: EventHandle) -> None:
         self._backend.event_record(event, self._index, self._handle)
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
@@ -419,8 +438,8 @@ _lock = threading.Lock()
 _instances: dict[str, Backend] = {}
 
 
-def _entry_point_targets() -> dict[str, Any]:
-    targets: dict[str, Any] = dict(_BUILTIN)
+def _entry_point_targets() -> dict[str, str | EntryPoint]:
+    targets: dict[str, str | EntryPoint] = dict(_BUILTIN)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         targets.setdefault(ep.name, ep)
     return targets

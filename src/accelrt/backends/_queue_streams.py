@@ -4,24 +4,28 @@ stream handle, and the stream and event methods that only find a stream's object
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 __all__ = ["QueueEvent", "QueueStreamsEvents", "no_stream"]
 
 
 class QueueEvent:
     """An event handle of a queue backend: the marker of its last recording (None before the
-    first) and the stream it was recorded on (whose finished copies waiting on it forgets)."""
+    first) and the stream it was recorded on (whose finished copies waiting on it forgets).
+
+    Each backend's class names the types of the two (``OpenCLEvent``: a ``CLEvent`` and a
+    ``_CLStream``; ``XPUEvent``: a ``dpctl.SyclEvent`` and an ``_XPUStream``)."""
 
     __slots__ = ("device", "marker", "stream", "timing")
+    marker: object
+    stream: object
 
     def __init__(self, device: int, timing: bool) -> None:
         self.device = device
         self.timing = timing
-        self.marker: Any = None
-        self.stream: Any = None
+        self.marker = None
+        self.stream = None
 
 
 def no_stream(backend: str, index: int, stream: int) -> ValueError:
@@ -32,20 +36,28 @@ def no_stream(backend: str, index: int, stream: int) -> ValueError:
     )
 
 
+class _Clearable(Protocol):
+    def clear(self) -> None: ...
+
+
 class _QueueStream(Protocol):
     """What the methods below use of a backend's per-stream object."""
 
-    queue: Any  # None once the stream is destroyed
-    last: Any
-    keep: deque[Any]
+    @property
+    def last(self) -> object: ...  # the last command enqueued, None once known finished
+    @last.setter
+    def last(self, value: None) -> None: ...
+    @property
+    def keep(self) -> _Clearable: ...  # the host objects of copies in flight
 
     def query(self) -> bool: ...
     def synchronize(self) -> None: ...
-    def record(self, event: Any) -> None: ...
+    def record(self, event: QueueEvent) -> None: ...
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None: ...
 
 
 _S = TypeVar("_S", bound=_QueueStream)
+_E = TypeVar("_E", bound=QueueEvent)
 
 
 class _QueueDevice(Protocol[_S]):
@@ -54,12 +66,12 @@ class _QueueDevice(Protocol[_S]):
     streams: dict[int, _S]
 
 
-class QueueStreamsEvents(Generic[_S]):
+class QueueStreamsEvents(Generic[_S, _E]):
     """The stream and event methods of a queue backend that are the same for every one: a
     base of its ``_StreamsEvents`` after its ``_Devices`` (which gives ``_dev`` and ``_state``),
-    with ``_event_type`` its event class."""
+    with ``_event_type`` its event class (``_E``) and ``_S`` its per-stream class."""
 
-    _event_type: ClassVar[type[QueueEvent]] = QueueEvent
+    _event_type: type[_E]
 
     if TYPE_CHECKING:
         name: str
@@ -67,7 +79,7 @@ class QueueStreamsEvents(Generic[_S]):
         @property
         def _state(self) -> Mapping[int, _QueueDevice[_S]]: ...
         def _dev(self, index: int) -> _QueueDevice[_S]: ...
-        def _wait_destroyed(self, found: _S, queue: Any) -> None: ...
+        def _wait_destroyed(self, found: _S) -> None: ...
 
     def stream_ops(self, index: int, stream: int) -> _S | None:
         """Return the stream's ``StreamOps`` (one object per handle), None for an unknown one."""
@@ -81,13 +93,12 @@ class QueueStreamsEvents(Generic[_S]):
         return found
 
     def stream_destroy(self, index: int, stream: int) -> None:
-        """Wait for the stream's queue as the backend does (``_wait_destroyed``) and drop the
-        stream: its handle is unknown from then on."""
+        """Drop the stream: take its queue and wait for it as the backend does
+        (``_wait_destroyed``); its handle is unknown from then on."""
         state = self._state.get(index)
         found = state.streams.pop(stream, None) if state is not None else None
         if found is not None:
-            queue, found.queue = found.queue, None
-            self._wait_destroyed(found, queue)
+            self._wait_destroyed(found)
             found.last = None
             found.keep.clear()
 
@@ -102,15 +113,15 @@ class QueueStreamsEvents(Generic[_S]):
         """Wait for the queue (``clFinish``, ``queue.wait()``)."""
         self._stream(index, stream).synchronize()
 
-    def event_create(self, index: int, timing: bool) -> QueueEvent:
+    def event_create(self, index: int, timing: bool) -> _E:
         """Return an unrecorded event (its marker is made when it is recorded)."""
         return self._event_type(index, timing)
 
-    def event_record(self, event: Any, index: int, stream: int) -> None:
+    def event_record(self, event: _E, index: int, stream: int) -> None:
         """Enqueue a marker on the stream's queue (a barrier): the event's new marker."""
         self._stream(index, stream).record(event)
 
-    def event_destroy(self, event: Any) -> None:
+    def event_destroy(self, event: _E) -> None:
         """Drop the event's marker (the library releases its native event with it)."""
         event.marker = None
 

@@ -37,12 +37,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Concatenate, ParamSpec, TypeVar
 
 from .._device import DeviceProperties
 from .._errors import InputError
 from .._units import parse_bytes
-from ._base import STORAGE_DTYPE_NAMES, BackendOutOfMemory, dtypes, visible_devices
+from ._base import STORAGE_DTYPE_NAMES, BackendOutOfMemory, DType, dtypes, visible_devices
 
 __all__ = ["SimBackend", "SimEvent"]
 
@@ -307,7 +307,7 @@ class SimBackend:
             },
         )
 
-    def supported_dtypes(self, index: int) -> frozenset[Any]:
+    def supported_dtypes(self, index: int) -> frozenset[DType]:
         """Every fixed-size numpy dtype: the simulated device holds bytes of any kind."""
         return dtypes(STORAGE_DTYPE_NAMES)
 
@@ -490,29 +490,30 @@ class SimBackend:
     def stream_synchronize(self, index: int, stream: int) -> None:
         """Returns at once."""
 
-    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+    def stream_wait_event(self, index: int, stream: int, event: SimEvent) -> None:
         """Nothing to wait for."""
 
     def event_create(self, index: int, timing: bool) -> SimEvent:
         """Return an unrecorded event."""
         return SimEvent(index, timing)
 
-    def event_record(self, event: Any, index: int, stream: int) -> None:
+    def event_record(self, event: SimEvent, index: int, stream: int) -> None:
         """Stamp the event with the host's monotonic clock."""
         event.time_ns = time.perf_counter_ns()
 
-    def event_destroy(self, event: Any) -> None:
+    def event_destroy(self, event: SimEvent) -> None:
         """Nothing to release."""
 
-    def event_query(self, event: Any) -> bool:
+    def event_query(self, event: SimEvent) -> bool:
         """Always True."""
         return True
 
-    def event_synchronize(self, event: Any) -> None:
+    def event_synchronize(self, event: SimEvent) -> None:
         """Returns at once."""
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+    def event_elapsed_ms(self, start: SimEvent, end: SimEvent) -> float:
         """Milliseconds between the host times at which the two events were recorded."""
+        assert start.time_ns is not None and end.time_ns is not None  # Event checks: recorded
         return float(end.time_ns - start.time_ns) / 1e6
 
     # copies
@@ -601,12 +602,18 @@ class SimBackend:
         mapping.close()
 
 
-def _under_lock(method: Callable[..., Any]) -> Callable[..., Any]:
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _under_lock(
+    method: Callable[Concatenate[SimBackend, _P], _R],
+) -> Callable[Concatenate[SimBackend, _P], _R]:
     """Run ``method`` holding the backend's lock: copies on one thread look addresses up while
     another thread's allocator allocates or frees (the allocator's lock covers only itself)."""
 
     @functools.wraps(method)
-    def call(self: SimBackend, *args: Any, **kwargs: Any) -> Any:
+    def call(self: SimBackend, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self._lock:
             return method(self, *args, **kwargs)
 

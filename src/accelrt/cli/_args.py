@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import InputError
 from .._text import printable, shown
@@ -19,6 +19,13 @@ from .._units import parse_bytes
 if TYPE_CHECKING:
     from ..memory._config import Setting
     from ..view._categories import CategoryRule
+
+
+class SubParsers(Protocol):
+    """What a command's ``_add_*_parser`` uses of ``parser.add_subparsers()`` (an
+    ``argparse._SubParsersAction`` of the ``accelrt`` parser's class)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 MAX_DEVICE_INDEX = 1023

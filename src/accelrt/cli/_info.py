@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from .._text import printable
 from .._units import format_bytes
+from ._args import SubParsers
 from ._output import _console
 
 
@@ -52,7 +52,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_info_parser(sub: Any) -> None:
+def _add_info_parser(sub: SubParsers) -> None:
     """The ``info`` command's options."""
     info = sub.add_parser("info", help="show backends, devices, properties and memory")
     info.add_argument("--json", action="store_true", help="print one JSON object")

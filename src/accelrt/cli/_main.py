@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setting; an ``OSError``: a file that cannot be read or written, a scheduler that cannot be
     reached; an ``AcceleratorError``: a device that failed, ``OutOfMemoryError`` included),
     prints one line to stderr, ``accelrt CMD: error: MESSAGE``, and returns 2 (with
-    ``ACCELRT_DEBUG=1`` set, its traceback first). Any other exception is a bug in accelrt:
+    ``ACCELRT_DEBUG=1`` set, its traceback first). Every other exception is a bug in accelrt:
     its traceback, then a line asking for a report with the version, and 70 (``EX_SOFTWARE``).
     Ctrl-C (``KeyboardInterrupt``) prints one line and returns 130. Everything printed is
     escaped by :func:`accelrt._text.printable` (keeping the traceback's line breaks).

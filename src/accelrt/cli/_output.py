@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .._errors import InputError
 from .._text import printable
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from ..replay import ReplayReport
     from ..trace import Trace
+    from ..trace._snapshot_schema import FileSnapshot
     from ..view import View
     from ..view._categories import CategoryRule
 
@@ -62,7 +63,7 @@ def _write_png(view: Any, path: str, render: Callable[[Any, str], None] | None =
 
 
 def _view(
-    snapshot: dict[str, Any] | None,
+    snapshot: FileSnapshot | None,
     trace: Trace,
     report: ReplayReport | None,
     rules: Sequence[CategoryRule] = (),
@@ -100,7 +101,7 @@ def _write_views(
     png_path: str | None,
     *,
     title: str,
-    stream: Any,
+    stream: TextIO,
 ) -> None:
     """Write the pictures, one per recorded device: one HTML file (headed ``title``) with a
     section each, and a PNG each (``out_devN.png`` when there are several); say what was

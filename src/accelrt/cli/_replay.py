@@ -7,13 +7,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import one_line, printable
 from ._args import (
     _DEVICE_INDEX_HELP,
     MAX_DEVICE_INDEX,
+    SubParsers,
     _add_category_option,
     _add_start_option,
     _capacity_arg,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from ..memory._config import AllocatorConfig, Setting
     from ..replay import ReplayReport
     from ..trace import Trace
+    from ..trace._snapshot_schema import FileSnapshot
 
 
 def _default_device() -> str:
@@ -89,7 +91,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.device is not None:
         _check_device(args.device, args.capacity)
     # the readers refuse a malformed file with an InputError naming it (one line)
-    snapshot: dict[str, Any] | None = None
+    snapshot: FileSnapshot | None = None
     show_progress = _show_progress(args)
     kind = sniff(args.trace)
     if kind == "pickle":
@@ -179,14 +181,14 @@ def _interaction_warning(configs: Sequence[AllocatorConfig]) -> str | None:
     return None if warning is None else f"warning: {warning}"
 
 
-def _report_dict(report: ReplayReport, setting: Setting, trace: Trace) -> dict[str, Any]:
+def _report_dict(report: ReplayReport, setting: Setting, trace: Trace) -> dict[str, object]:
     """``report.to_dict()`` with ``recorded_device`` after ``trace`` and ``config_source``
     (where the setting came from) after ``config``."""
-    extra: dict[str, dict[str, Any]] = {
+    extra: dict[str, dict[str, object]] = {
         "trace": {"recorded_device": _recorded_device(trace)},
         "config": {"config_source": setting.source},
     }
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     for key, value in report.to_dict().items():
         data[key] = value
         data.update(extra.get(key, {}))
@@ -199,7 +201,7 @@ def _replay_json(
     settings: Sequence[Setting],
     configs: Sequence[Sequence[AllocatorConfig]],
     runs: Sequence[Sequence[ReplayReport]],
-) -> Any:
+) -> object:
     """What ``replay --json`` prints: one trace's report (a list of them with several settings);
     for several recorded devices, ``{"trace", "recorded_devices", "reports", "totals"}``. Each
     report has the OOM ``verdict`` on its trace's replays (None where nothing ran out)."""
@@ -221,7 +223,7 @@ def _replay_json(
     }
 
 
-def _add_replay_parser(sub: Any) -> None:
+def _add_replay_parser(sub: SubParsers) -> None:
     """The ``replay`` command's options."""
     rep = sub.add_parser("replay", help="replay an allocation trace through the caching allocator")
     rep.add_argument("trace", help="an accelrt trace (.jsonl.gz) or a PyTorch snapshot pickle")

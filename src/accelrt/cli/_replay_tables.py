@@ -3,8 +3,8 @@ form), the mid-run banner, the notes, and the totals over a snapshot's recorded 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .._text import printable
 from .._units import format_bytes
@@ -59,7 +59,7 @@ def _midrun_banner(reports: Sequence[ReplayReport]) -> str:
 def _print_reports(
     name: str,
     skipped_host: int,
-    reports: Sequence[Any],
+    reports: Sequence[ReplayReport],
     configs: Sequence[AllocatorConfig],
     sources: Sequence[str],
 ) -> None:
@@ -97,7 +97,7 @@ def _print_reports(
     table.add_column("", style="bold")
     for config in configs:
         table.add_column(config.short_label, justify="right", overflow="fold")
-    rows: list[tuple[str, Any]] = [
+    rows: list[tuple[str, Callable[[ReplayReport], str]]] = [
         ("peak requested", lambda r: format_bytes(r.peak_requested_bytes)),
         ("peak allocated", lambda r: format_bytes(r.peak_allocated_bytes)),
         ("peak reserved", lambda r: format_bytes(r.peak_reserved_bytes)),

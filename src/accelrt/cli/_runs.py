@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .._errors import InputError
 from .._text import printable
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..replay import ReplayReport
     from ..trace import Trace
     from ..trace._plain_pickle import ByteProgress
-    from ..trace._snapshot_schema import CheckedSnapshot
+    from ..trace._snapshot_schema import CheckedSnapshot, FileSnapshot
 
 
 _SNAPSHOT = "a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot)"
@@ -86,7 +86,7 @@ def _refuse_other_kinds(path: str, kind: str) -> None:
 
 
 def _check_device_index(
-    path: str, snapshot: dict[str, Any], index: int | None, *, history: bool = True
+    path: str, snapshot: FileSnapshot, index: int | None, *, history: bool = True
 ) -> None:
     """Refuse a ``--device-index`` the same way in every command: a device the snapshot does not
     have (the message names those it has) or, where ``history`` matters and another device has
@@ -140,11 +140,22 @@ def _recorded_device(trace: Trace) -> int | None:
     return trace.recording.device if trace.recording is not None else None
 
 
+class SettingTotals(TypedDict):
+    """One setting's peaks summed over a snapshot's devices (``replay --json``'s ``totals``)."""
+
+    config: str
+    config_source: str
+    devices: int
+    peak_requested_bytes: int
+    peak_reserved_bytes: int
+    recorded_peak_reserved_bytes: int | None
+
+
 def _totals(
     settings: Sequence[Setting], runs: Sequence[Sequence[ReplayReport]]
-) -> list[dict[str, Any]]:
+) -> list[SettingTotals]:
     """Per setting, the peaks summed over the devices (``runs``: reports device by device)."""
-    totals = []
+    totals: list[SettingTotals] = []
     for i, setting in enumerate(settings):
         reports = [r[i] for r in runs]
         recorded = [r.recorded_peak_reserved_bytes for r in reports]

@@ -8,13 +8,14 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import InputError
 from .._text import printable, shown
 from .._units import format_bytes
 from ._args import (
     _DEVICE_INDEX_HELP,
+    SubParsers,
     _add_category_option,
     _check_png,
     _config_arg,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from ..memory._config import Setting
     from ..replay import ReplayReport
     from ..trace import Trace
+    from ..trace._snapshot_schema import FileSnapshot
     from ..view import View
     from ..view._categories import CategoryRule
 
@@ -86,7 +88,7 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | None) -> str:
+def _end_state_summary(path: str, snapshot: FileSnapshot, device_index: int | None) -> str:
     """What ``snapshot summary`` prints for a snapshot without allocation history: per device
     with segments (or the one ``--device-index`` names), the end state it holds."""
     from ..trace._snapshot import device_segments, snapshot_devices, snapshot_name
@@ -105,7 +107,7 @@ def _end_state_summary(path: str, snapshot: dict[str, Any], device_index: int | 
     return "\n".join(parts)
 
 
-def _diff_side(path: str, device_index: int | None) -> tuple[dict[str, Any] | None, list[Trace]]:
+def _diff_side(path: str, device_index: int | None) -> tuple[FileSnapshot | None, list[Trace]]:
     """One side of a diff: the snapshot it read (None for a JSONL trace) and its traces."""
     from ..trace._format import sniff
     from ..trace._load import load_sniffed
@@ -120,7 +122,7 @@ def _diff_side(path: str, device_index: int | None) -> tuple[dict[str, Any] | No
 
 def _diff_run(
     path: str,
-    snapshot: dict[str, Any] | None,
+    snapshot: FileSnapshot | None,
     trace: Trace,
     setting: Setting,
     several: bool,
@@ -290,7 +292,7 @@ def _cmd_snapshot_stacks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_snapshot_parser(sub: Any) -> None:
+def _add_snapshot_parser(sub: SubParsers) -> None:
     """The ``snapshot`` commands' options."""
     snap = sub.add_parser("snapshot", help="look into a memory snapshot pickle (PyTorch's or ours)")
     snap_sub = snap.add_subparsers(

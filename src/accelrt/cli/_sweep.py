@@ -8,12 +8,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from .._errors import InputError
 from .._text import printable
 from ._args import (
     _DEVICE_INDEX_HELP,
+    SubParsers,
     _add_start_option,
     _capacity_arg,
     _check_png,
@@ -109,14 +109,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if any(r.error for r in results) else 0
 
 
-def _print_dashboard(client: Any) -> None:
+def _print_dashboard(client: object) -> None:
     """Say where the connected cluster's dashboard is, on stderr."""
     link = getattr(client, "dashboard_link", None)
     if link:
         print(f"accelrt sweep: Dask dashboard at {printable(str(link))}", file=sys.stderr)
 
 
-def _add_sweep_parser(sub: Any) -> None:
+def _add_sweep_parser(sub: SubParsers) -> None:
     swp = sub.add_parser(
         "sweep",
         help="replay traces under many settings and capacities, in parallel (Dask)",

@@ -16,12 +16,12 @@ is missing.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from types import ModuleType
 
 __all__: list[str] = []
 
 
-def _library(name: str, user: str, library: str, hint: str) -> Any:
+def _library(name: str, user: str, library: str, hint: str) -> ModuleType:
     """Import the module ``name`` that ``accelrt.interop.<user>`` needs, or raise an
     ``ImportError`` that names ``library`` and how to install it (``hint``)."""
     try:

@@ -13,19 +13,23 @@ Needs the ``cuda`` backend as the accelerator; imports CuPy only when called.
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from .. import _runtime
 from .._stream import Stream
 from ..memory import empty
 from . import _library
 
+if TYPE_CHECKING:
+    from cupy.cuda import MemoryPointer
+
 __all__ = ["accelrt_allocator", "use_accelrt_allocator"]
 
 INSTALL_HINT = "pip install cupy-cuda12x (or cupy-cuda13x, matching your CUDA driver)"
 
 
-def _cupy() -> Any:
+def _cupy() -> ModuleType:
     return _library("cupy", "cupy", "CuPy", INSTALL_HINT)
 
 
@@ -40,7 +44,7 @@ def _accelrt_index(backend: Any, ordinal: int) -> int:
     )
 
 
-def accelrt_allocator(nbytes: int) -> Any:
+def accelrt_allocator(nbytes: int) -> MemoryPointer:
     """Allocate ``nbytes`` for CuPy from accelrt's caching allocator.
 
     Parameters

@@ -15,23 +15,28 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import _runtime
 from .._stream import current_stream
 from ..memory import Buffer, empty, empty_cache, get_memory_info
 from . import _library
 
+if TYPE_CHECKING:
+    from cuda.bindings.driver import CUdeviceptr
+    from numba.cuda import MemoryInfo, MemoryPointer
+
 __all__ = ["AccelrtNumbaManager", "use_accelrt_allocator"]  # noqa: F822 (module __getattr__)
 
 INSTALL_HINT = "pip install numba-cuda"
 
 
-def _numba_cuda() -> Any:
+def _numba_cuda() -> ModuleType:
     return _library("numba.cuda", "numba", "Numba", INSTALL_HINT)
 
 
-def _device_pointer(ptr: int) -> Any:
+def _device_pointer(ptr: int) -> CUdeviceptr | ctypes.c_uint64:
     """The pointer type Numba's ``MemoryPointer`` takes with the binding Numba uses."""
     from numba import config
 
@@ -45,7 +50,7 @@ def _device_pointer(ptr: int) -> Any:
 @functools.cache
 def _manager_class() -> type:
     cuda = _numba_cuda()
-    base: Any = cuda.HostOnlyCUDAMemoryManager
+    base: Any = cuda.HostOnlyCUDAMemoryManager  # a dynamic base class
 
     class AccelrtNumbaManager(base):  # type: ignore[misc]
         """Numba's device memory from accelrt's caching allocator (EMM interface version 1).
@@ -89,7 +94,7 @@ def _manager_class() -> type:
                 "ACCELRT_VISIBLE_DEVICES"
             )
 
-        def memalloc(self, size: int) -> Any:
+        def memalloc(self, size: int) -> MemoryPointer:
             """Allocate ``size`` bytes of device memory from accelrt.
 
             Returns
@@ -110,12 +115,12 @@ def _manager_class() -> type:
                 finalizer=_finalizer(buffer),
             )
 
-        def get_memory_info(self) -> Any:
+        def get_memory_info(self) -> MemoryInfo:
             """Return ``numba.cuda.MemoryInfo(free, total)`` of the device, in bytes."""
             free, total = get_memory_info(self._accelrt_index())
             return cuda.MemoryInfo(free=free, total=total)
 
-        def get_ipc_handle(self, memory: Any) -> Any:
+        def get_ipc_handle(self, memory: MemoryPointer) -> NoReturn:
             """Not supported yet.
 
             Raises
@@ -181,7 +186,7 @@ def use_accelrt_allocator() -> None:
     _numba_cuda().set_memory_manager(_manager_class())
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     """``AccelrtNumbaManager`` and ``_numba_memory_manager`` (the name Numba's
     ``NUMBA_CUDA_MEMORY_MANAGER`` looks up), made on first use: they subclass a Numba class."""
     if name in ("AccelrtNumbaManager", "_numba_memory_manager"):

@@ -8,11 +8,13 @@ The public home of memory, as ``torch.accelerator.memory`` and ``rmm.mr`` are. T
 - host (pinned) memory from the host caching allocator: :func:`empty_host`,
   :class:`HostBuffer`, :func:`empty_host_cache`, :func:`host_memory_stats` (PyTorch's keys) and
   its resets, :func:`get_host_allocator` (the :class:`HostCachingAllocator`);
-- private pools: :class:`MemPool`, :func:`use_mem_pool`;
+- private pools: :class:`MemPool`, :func:`use_mem_pool`, :class:`PluggableAllocator` (a pool's
+  segments from functions of your own);
 - statistics and the cache: :func:`memory_stats` (PyTorch's keys), :func:`memory_allocated`,
   :func:`empty_cache`, ... and the summary table :func:`memory_summary`;
 - history and snapshots in PyTorch's format: :func:`record_memory_history`,
-  :func:`memory_snapshot`, :func:`dump_snapshot` and their ``TypedDict`` schemas;
+  :func:`memory_snapshot`, :func:`dump_snapshot`, named stages (:func:`record_function`),
+  entries stamped with :func:`set_memory_metadata`, and their ``TypedDict`` schemas;
 - settings: :class:`AllocatorConfig` (``ACCELRT_ALLOC_CONF``), :func:`set_allocator_settings`,
   and :class:`Setting` (settings with where they came from, as the ``accelrt`` commands say);
 - the machinery, for tools and replays: :func:`get_allocator` gives a device's
@@ -44,14 +46,19 @@ from ._config import Setting as Setting
 from ._policy import round_size as round_size
 from ._policy import segment_size as segment_size
 from ._snapshots import dump_snapshot as dump_snapshot
+from ._snapshots import get_memory_metadata as get_memory_metadata
 from ._snapshots import memory_snapshot as memory_snapshot
 from ._snapshots import memory_summary as memory_summary
+from ._snapshots import record_function as record_function
 from ._snapshots import record_memory_history as record_memory_history
+from ._snapshots import set_memory_metadata as set_memory_metadata
 from .buffers._buffer import Buffer as Buffer
 from .device._core import Block as Block
 from .device._core import CachingAllocator as CachingAllocator
 from .device._pool import MemPool as MemPool
+from .device._pool import PluggableAllocator as PluggableAllocator
 from .device._pool import use_mem_pool as use_mem_pool
+from .history._history import Annotation as Annotation
 from .history._history import BlockInfo as BlockInfo
 from .history._history import Frame as Frame
 from .history._history import SegmentInfo as SegmentInfo
@@ -68,6 +75,7 @@ from .host._buffer import HostBuffer as HostBuffer
 
 __all__ = [
     "AllocatorConfig",
+    "Annotation",
     "Block",
     "BlockInfo",
     "Buffer",
@@ -76,6 +84,7 @@ __all__ = [
     "HostBuffer",
     "HostCachingAllocator",
     "MemPool",
+    "PluggableAllocator",
     "SegmentInfo",
     "Setting",
     "Snapshot",
@@ -89,6 +98,7 @@ __all__ = [
     "get_allocator",
     "get_host_allocator",
     "get_memory_info",
+    "get_memory_metadata",
     "host_memory_stats",
     "max_memory_allocated",
     "max_memory_reserved",
@@ -97,6 +107,7 @@ __all__ = [
     "memory_snapshot",
     "memory_stats",
     "memory_summary",
+    "record_function",
     "record_memory_history",
     "record_stream",
     "reset_accumulated_host_memory_stats",
@@ -106,6 +117,7 @@ __all__ = [
     "round_size",
     "segment_size",
     "set_allocator_settings",
+    "set_memory_metadata",
     "set_per_process_memory_fraction",
     "use_mem_pool",
 ]

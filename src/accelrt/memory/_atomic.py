@@ -42,11 +42,15 @@ import threading
 import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any, TypeVar, cast
+from typing import TypeAlias, TypeVar
 
 __all__ = ["PENDING", "atomic", "deliver", "finaliser", "protect_sigint", "register"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+_Handler: TypeAlias = Callable[[int, "FrameType | None"], object]
+"""A Python-level signal handler."""
+_Tracer: TypeAlias = Callable[[FrameType, str, object], "_Tracer | None"]
+"""A ``sys.settrace`` trace function: it returns the frame's next one."""
 
 
 class _Pending:
@@ -61,7 +65,7 @@ class _Pending:
 PENDING = _Pending()
 _atomic_code: set[CodeType] = set()  # atomic functions and finalisers: delivery waits for both
 _finaliser_code: set[CodeType] = set()  # finalisers only
-_wrapped: list[Any] = []  # the handler in place when ours was installed
+_wrapped: list[_Handler] = []  # the handler in place when ours was installed
 
 
 def register(func: F) -> F:
@@ -105,7 +109,7 @@ def _deliver_after(frame: FrameType | None) -> None:
         return
     traced: list[FrameType] = []
 
-    def on_event(where: FrameType, event: str, arg: Any) -> Any:
+    def on_event(where: FrameType, event: str, arg: object) -> _Tracer | None:
         if event == "call" or _inside_atomic(where):
             return None if event == "call" else on_event
         sys.settrace(None)
@@ -133,8 +137,7 @@ def _inside_atomic(frame: FrameType | None) -> bool:
 def atomic(func: F) -> F:
     """Return ``func`` made atomic: a SIGINT inside it is delivered when it returns."""
 
-    @functools.wraps(func)
-    def atomic_call(*args: Any, **kwargs: Any) -> Any:
+    def atomic_call(*args: object, **kwargs: object) -> object:
         try:
             return func(*args, **kwargs)
         finally:
@@ -142,11 +145,11 @@ def atomic(func: F) -> F:
                 deliver()
 
     _atomic_code.add(func.__code__)
-    _atomic_code.add(cast(Any, atomic_call).__code__)
-    return atomic_call  # type: ignore[return-value]
+    _atomic_code.add(atomic_call.__code__)
+    return functools.wraps(func)(atomic_call)  # type: ignore[return-value]
 
 
-def _deferring_handler(signum: int, frame: FrameType | None) -> Any:
+def _deferring_handler(signum: int, frame: FrameType | None) -> object:
     in_finaliser = False
     where = frame
     while where is not None:

@@ -65,7 +65,11 @@ _KEYS = (
     "expandable_segments",
     "per_process_memory_fraction",
     "release_lock_on_malloc",
+    "policy",
 )
+POLICIES = ("pytorch", "accelrt")
+"""The allocation policies the key ``policy`` names: ``pytorch`` (the default, PyTorch-exact)
+and ``accelrt`` (docs/allocator.md section 16; backends with virtual memory only)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,13 @@ class AllocatorConfig:
         0 < x <= 1: cap reserved memory at x times the device's total memory.
     release_lock_on_malloc : bool
         Accepted for compatibility with PyTorch; the Python allocator always holds its lock.
+    policy : str
+        ``"pytorch"`` (the default): PyTorch's policy, exactly. ``"accelrt"``: accelrt's own
+        (docs/allocator.md section 16): one address range per pool and size class shared by
+        every stream, 2 MiB pages, idle pages moved to where they are needed once reserved
+        memory would pass a budget. Needs virtual memory (``sim``, CUDA); ignores
+        ``max_split_size_mb``, ``max_non_split_rounding_mb``, ``garbage_collection_threshold``
+        and ``expandable_segments``. PyTorch has no such key. Key ``policy``.
 
     Notes
     -----
@@ -113,6 +124,7 @@ class AllocatorConfig:
     expandable_segments: bool = False
     per_process_memory_fraction: float | None = None
     release_lock_on_malloc: bool = False
+    policy: str = "pytorch"
 
     @classmethod
     def parse(cls, text: str, base: AllocatorConfig | None = None) -> AllocatorConfig:
@@ -230,7 +242,8 @@ class AllocatorConfig:
         recorded : mapping or None
             The snapshot's ``allocator_settings`` dict (``max_split_size`` in bytes, -1 for
             unlimited; ``garbage_collection_threshold``; ``expandable_segments``;
-            ``roundup_power2_divisions`` as ``{"<MiB>": divisions}``). None or empty: the
+            ``roundup_power2_divisions`` as ``{"<MiB>": divisions}``; accelrt's ``policy``).
+            None or empty: the
             defaults (a snapshot without settings ran on them).
 
         Returns
@@ -255,6 +268,8 @@ class AllocatorConfig:
             items["garbage_collection_threshold"] = str(threshold)
         if recorded.get("expandable_segments") is True:
             items["expandable_segments"] = "True"
+        if recorded.get("policy") in POLICIES:  # accelrt's own key (PyTorch has none)
+            items["policy"] = recorded["policy"]
         divisions = recorded.get("roundup_power2_divisions")
         if isinstance(divisions, Mapping) and any(divisions.values()):
             ordered = sorted(_recorded_division(k, v) for k, v in divisions.items())
@@ -276,6 +291,7 @@ class AllocatorConfig:
             "garbage_collection_threshold": self.garbage_collection_threshold,
             "expandable_segments": self.expandable_segments,
             "release_lock_on_malloc": self.release_lock_on_malloc,
+            "policy": self.policy,
             "roundup_power2_divisions": {
                 str(1 << i): d for i, d in enumerate(self.roundup_power2_divisions)
             },
@@ -317,6 +333,8 @@ class AllocatorConfig:
             items.append(("per_process_memory_fraction", str(self.per_process_memory_fraction)))
         if self.release_lock_on_malloc:
             items.append(("release_lock_on_malloc", "True"))
+        if self.policy != default.policy:
+            items.append(("policy", self.policy))
         return items
 
     def describe(self) -> str:
@@ -493,6 +511,11 @@ def _convert(key: str, raw: Any) -> dict[str, Any]:
         return {"per_process_memory_fraction": value}
     if key in ("expandable_segments", "release_lock_on_malloc"):
         return {key: _bool(key, raw)}
+    if key == "policy":
+        _check_type(key, raw, (str,), "a string")
+        if raw not in POLICIES:
+            raise InputError(f"policy must be one of {', '.join(POLICIES)}, got {raw!r}")
+        return {"policy": raw}
     raise InputError(f"unknown allocator setting {key!r}; known settings: {', '.join(_KEYS)}")
 
 

@@ -6,7 +6,8 @@ done. docs/allocator.md sections 2, 4 and 7 describe each rule.
 
 Compiled twin (in part): device/_native.pyx repeats ``K_MIN_BLOCK_SIZE``, ``K_SMALL_SIZE``,
 ``MAX_REQUEST_BYTES`` and ``UNLIMITED``, ``round_size`` (``HotPath.round_size``) and
-``should_split`` (in ``HotPath.alloc_found_block``): change both (docs/design.md, "Pairs").
+``should_split`` (in ``HotPath.alloc_found_block``) and ``page_floor`` (``HotPath.note_floor``):
+change both (docs/design.md, "Pairs").
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "UNLIMITED",
     "expandable_address_space",
+    "page_floor",
     "page_size",
     "round_size",
     "segment_size",
@@ -116,3 +118,26 @@ def should_split(
     if is_small or expandable:
         return remaining >= K_MIN_BLOCK_SIZE
     return rounded < max_split_size and remaining > K_SMALL_SIZE
+
+
+def page_floor(large_bytes: int, small_bytes: int, large_page: int) -> int:
+    """Return the least memory expandable segments can map for these live bytes (section 16).
+
+    Parameters
+    ----------
+    large_bytes, small_bytes : int
+        Bytes of allocated blocks in large and in small pools.
+    large_page : int
+        The large pool's expandable page (``large_segment_size_mb``, 20 MiB by default).
+
+    Returns
+    -------
+    int
+        ``large_bytes`` in whole ``large_page`` pages plus ``small_bytes`` in whole 2 MiB
+        pages: expandable segments map no less, so ``policy:accelrt`` may reserve up to its
+        high-water mark without ever going above them.
+    """
+    return (
+        -(-large_bytes // large_page) * large_page
+        + -(-small_bytes // K_SMALL_BUFFER) * K_SMALL_BUFFER
+    )

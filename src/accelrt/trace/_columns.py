@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, overload
+from typing import NamedTuple, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -81,7 +81,10 @@ class TraceEvent(NamedTuple):
     stream: int
 
 
-def _column(values: Any, dtype: type[np.generic], name: str) -> Any:
+_G = TypeVar("_G", bound=np.generic)
+
+
+def _column(values: npt.ArrayLike, dtype: type[_G], name: str) -> npt.NDArray[_G]:
     array = np.ascontiguousarray(values, dtype=dtype)
     if array.ndim != 1:
         raise ValueError(f"column {name!r} must be one-dimensional, got shape {array.shape}")
@@ -121,7 +124,9 @@ class TraceEvents(Sequence[TraceEvent]):
     size: Int64Array
     stream: Int64Array
 
-    def __init__(self, op: Any, addr: Any, size: Any, stream: Any) -> None:
+    def __init__(
+        self, op: npt.ArrayLike, addr: npt.ArrayLike, size: npt.ArrayLike, stream: npt.ArrayLike
+    ) -> None:
         self.op = _column(op, np.int8, "op")
         self.addr = _column(addr, np.int64, "addr")
         self.size = _column(size, np.int64, "size")

@@ -100,7 +100,7 @@ class Trace:
         return os.path.basename(self.path or "trace").split(".")[0]
 
 
-def _int_field(obj: dict[str, Any], key: str, where: str, *, minimum: int | None = 0) -> int:
+def _int_field(obj: dict[str, object], key: str, where: str, *, minimum: int | None = 0) -> int:
     value = obj.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {shown(value)}")
@@ -193,7 +193,7 @@ MAX_NAME_CHARS = 4096
 this limit, rather than cut short (a trace without a name goes by its file's name)."""
 
 
-def _check_header_fields(obj: dict[str, Any], where: str) -> None:
+def _check_header_fields(obj: dict[str, object], where: str) -> None:
     """Check the header fields accelrt reads, as :func:`load` and :func:`write` both do: an
     integer ``device_capacity_bytes`` in [0, 2**63), a ``name`` of at most
     :data:`MAX_NAME_CHARS` characters; ``where`` begins the message (``FILE:1: header``)."""
@@ -207,7 +207,7 @@ def _check_header_fields(obj: dict[str, Any], where: str) -> None:
         )
 
 
-def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
+def _check_header(obj: dict[str, object], where: str) -> dict[str, object]:
     if obj.get("type") != "header" or obj.get("format") != FORMAT:
         raise TraceFormatError(
             f'{where}: expected a header with "type": "header" and "format": '
@@ -225,9 +225,9 @@ def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
 
 def write(
     path: str | os.PathLike[str],
-    events: Iterable[TraceEvent | dict[str, Any]],
-    header: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    events: Iterable[TraceEvent | dict[str, object]],
+    header: dict[str, object] | None = None,
+) -> dict[str, object]:
     """Write a gzip'd JSONL trace, computing the header's ``stats``.
 
     Parameters
@@ -274,7 +274,7 @@ def write(
         else:
             live.free(addr, where)
             frees += 1
-    full_header: dict[str, Any] = {"type": "header", "format": FORMAT, "format_version": 1}
+    full_header: dict[str, object] = {"type": "header", "format": FORMAT, "format_version": 1}
     full_header.update(header or {})
     _check_header_fields(full_header, "header")
     full_header["stats"] = {

@@ -13,7 +13,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,9 @@ from ._columns import (
     OP_ALLOC,
     OP_EMPTY_CACHE,
     OP_FREE,
+    BoolArray,
+    Int8Array,
+    Int64Array,
     TraceEvent,
     TraceEvents,
     check_live,
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_LINE_BYTES", "load_jsonl"]
 
 
-def _json_line(line: str, where: str) -> dict[str, Any] | None:
+def _json_line(line: str, where: str) -> dict[str, object] | None:
     """Parse one line as the reference reader does: None for a blank line, else a JSON object."""
     if not line.strip():
         return None
@@ -68,7 +71,7 @@ def _json_line(line: str, where: str) -> dict[str, Any] | None:
     return obj
 
 
-def _event_fields(obj: dict[str, Any], where: str) -> tuple[int, int, int, int, bool]:
+def _event_fields(obj: dict[str, object], where: str) -> tuple[int, int, int, int, bool]:
     """Check one event object; return its (op, addr, size, stream, host tag)."""
     action = obj.get("action")
     if action not in _ACTIONS:
@@ -95,7 +98,7 @@ def _load_jsonl_reference(path: str | os.PathLike[str], *, include_host: bool = 
     kept: list[bool] = []  # per event line: whether the trace keeps it
     live = _LiveSet()
     skipped = 0
-    header: dict[str, Any] | None = None
+    header: dict[str, object] | None = None
     for chunk in _text_chunks(path):
         for index, line in enumerate(_lines_of(chunk.data)):
             where = f"{name}:{chunk.number(index)}"
@@ -291,7 +294,7 @@ class _Columns:
     _TYPES = (("b", np.int8), ("q", np.int64), ("q", np.int64), ("q", np.int64), ("B", np.bool_))
 
     def __init__(self) -> None:
-        self.arrays: list[array.array[Any]] = [array.array(code) for code, _ in self._TYPES]
+        self.arrays: list[array.array[int]] = [array.array(code) for code, _ in self._TYPES]
         """Per column (op, addr, size, stream, host)."""
         self.count = 0
         self.origins: list[tuple[int, int, npt.NDArray[np.int64] | None]] = []
@@ -307,7 +310,7 @@ class _Columns:
             identity = not len(lines) or int(lines[-1]) == len(lines) - 1
             offsets = None if identity else lines.astype(np.int64)
             self.origins.append((self.count, chunk.first_line, offsets))
-        columns: tuple[npt.NDArray[Any], ...] = (
+        columns: tuple[npt.NDArray[np.generic], ...] = (
             scanned.op,
             scanned.addr,
             scanned.size,
@@ -326,12 +329,16 @@ class _Columns:
                 return first_line + (offset if lines is None else int(lines[offset]))
         raise IndexError(event)  # not reached: every event came from a chunk
 
-    def columns(self) -> list[Any]:
+    def columns(self) -> tuple[Int8Array, Int64Array, Int64Array, Int64Array, BoolArray]:
         """Return the five columns (op, addr, size, stream, host) as numpy arrays (no copy)."""
-        return [
-            np.frombuffer(store, dtype=dtype)
-            for store, (_, dtype) in zip(self.arrays, self._TYPES, strict=True)
-        ]
+        op, addr, size, stream, host = self.arrays  # of the dtypes of _TYPES
+        return (
+            np.frombuffer(op, dtype=np.int8),
+            np.frombuffer(addr, dtype=np.int64),
+            np.frombuffer(size, dtype=np.int64),
+            np.frombuffer(stream, dtype=np.int64),
+            np.frombuffer(host, dtype=np.bool_),
+        )
 
 
 def _read_slow_lines(
@@ -372,7 +379,7 @@ def _read_slow_lines(
     return len(scanned.lines), None
 
 
-def _live_bytes(op: Any, size: Any) -> tuple[int, int]:
+def _live_bytes(op: Int8Array, size: Int64Array) -> tuple[int, int]:
     """The peak and final live bytes over kept events (exact, whatever the sizes)."""
     n_allocs = int(np.count_nonzero(op == OP_ALLOC))
     if not n_allocs:
@@ -392,7 +399,7 @@ def _live_bytes(op: Any, size: Any) -> tuple[int, int]:
     return peak, end
 
 
-def _header_of(chunk: _Chunk, name: str) -> tuple[dict[str, Any] | None, _Chunk]:
+def _header_of(chunk: _Chunk, name: str) -> tuple[dict[str, object] | None, _Chunk]:
     """Find the header in the first chunk of :func:`_text_chunks`: its first line that is not
     blank, checked (:func:`_check_header`).
 
@@ -454,7 +461,7 @@ def load_jsonl(path: str | os.PathLike[str], *, include_host: bool = False) -> T
     is scanned.
     """
     name = os.fspath(path)
-    header: dict[str, Any] | None = None
+    header: dict[str, object] | None = None
     columns = _Columns()
     shapes: dict[bytes, _Shape] = {}
     error: TraceFormatError | None = None

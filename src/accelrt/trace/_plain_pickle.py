@@ -14,7 +14,7 @@ import re
 import struct
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import NoReturn
 
 from .._gc import collector_paused
 from ._format import TraceFormatError
@@ -39,10 +39,10 @@ class _PlainDataUnpickler(pickle.Unpickler):
     :func:`_scan_pickle` lets through).
     """
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> NoReturn:
         raise _Refused(f"global '{module}.{name}'")
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> NoReturn:
         raise _Refused(f"persistent id {describe(pid)}")
 
 
@@ -260,7 +260,7 @@ _DECODING_ERRORS = (
 """What the unpickler raises for damaged data (it stops: nothing half-built is kept)."""
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     """A short, one-line description of a decoded value for a message (bounded work)."""
     if value is None or isinstance(value, (bool, float)):
         return repr(value)
@@ -280,7 +280,7 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def load_plain_pickle(data: bytes, name: str, *, progress: ByteProgress | None = None) -> Any:
+def load_plain_pickle(data: bytes, name: str, *, progress: ByteProgress | None = None) -> object:
     """Decode ``data``, a pickle read from file ``name``, admitting plain data only.
 
     Parameters

@@ -10,7 +10,7 @@ trace; this module only rewinds.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..memory._config import AllocatorConfig
 from ..memory._policy import (
@@ -24,7 +24,11 @@ from ..memory._policy import (
 )
 from ._format import TraceFormatError
 from ._recording import UNLIMITED_CAPACITY, UNMAPPED, BlockState, SegmentState
-from ._snapshot_schema import ALLOCATED_STATES, MAX_FILE_VALUE
+from ._snapshot_schema import ALLOCATED_STATES, MAX_FILE_VALUE, FileEntry, FileSegment
+
+_Segment: TypeAlias = list[Any]
+"""A segment of :class:`Rewind`: ``[size, stream, sorted block starts, {start: [size, state]},
+is_small, is_expandable]``, a list of mixed items (changed in place as the walk goes back)."""
 
 __all__ = [
     "Rewind",
@@ -50,7 +54,7 @@ class Rewind:
 
     def __init__(self, settings: AllocatorConfig) -> None:
         self.settings = settings
-        self.segments: dict[int, list[Any]] = {}
+        self.segments: dict[int, _Segment] = {}
         self.starts: list[int] = []
         self.inconsistent = 0
         self.claims: list[tuple[int, int, int, bool]] = []
@@ -86,7 +90,7 @@ class Rewind:
     def _end(self, start: int) -> int:
         return start + int(self.segments[start][0])
 
-    def _segment_of(self, addr: int) -> list[Any] | None:
+    def _segment_of(self, addr: int) -> _Segment | None:
         pos = bisect_right(self.starts, addr) - 1
         if pos < 0:
             return None
@@ -94,7 +98,7 @@ class Rewind:
         return seg if addr < self.starts[pos] + seg[0] else None
 
     @staticmethod
-    def _merge_around(seg: list[Any], addr: int) -> None:
+    def _merge_around(seg: _Segment, addr: int) -> None:
         """Merge the block at ``addr`` with neighbours in the same free or unmapped state."""
         starts, table = seg[2], seg[3]
         state = table[addr][1]
@@ -104,7 +108,7 @@ class Rewind:
         if i > 0 and table[starts[i - 1]][1] == state:
             table[starts[i - 1]][0] += table.pop(starts.pop(i))[0]
 
-    def _carve(self, addr: int, size: int, before: int, after: int) -> list[Any] | None:
+    def _carve(self, addr: int, size: int, before: int, after: int) -> _Segment | None:
         """Turn ``[addr, addr + size)`` of one block in state ``before`` into ``after``."""
         seg = self._segment_of(addr)
         if seg is None or size <= 0:
@@ -188,7 +192,7 @@ class Rewind:
             return
         self._merge_around(seg, addr)
 
-    def _span_for(self, low: int, high: int, stream: int, is_small: bool) -> list[Any] | None:
+    def _span_for(self, low: int, high: int, stream: int, is_small: bool) -> _Segment | None:
         """The span of ``(stream, is_small)`` that held ``[low, high)`` before it was unmapped.
 
         The span holding ``low`` now if it is that (stream, pool)'s, widened up to ``high``;
@@ -247,7 +251,7 @@ class Rewind:
         """Whether another (stream, pool) ever held an expandable range in ``[low, high)``."""
         return any(lo < high and low < hi and (s, small) != key for lo, hi, s, small in self.claims)
 
-    def _widen(self, start: int, low: int, high: int) -> list[Any] | None:
+    def _widen(self, start: int, low: int, high: int) -> _Segment | None:
         """Widen the span at ``start`` with unmapped pages to cover ``[low, high)``; None where
         something else lies in between (the span is then unchanged)."""
         seg = self.segments[start]
@@ -322,7 +326,7 @@ def restorable(segment: SegmentState) -> bool:
 
 
 def expandable_groups(
-    end_segments: list[dict[str, Any]],
+    end_segments: list[FileSegment],
 ) -> list[tuple[int, int, int, bool, list[BlockState]]]:
     """Join the mapped ranges of each (stream, pool) into one span of an expandable segment.
 
@@ -331,7 +335,7 @@ def expandable_groups(
     mapped ranges are unmapped blocks. (The rewind widens it to pages unmapped during the
     recording: ``Rewind.undo_segment_unmap``.)
     """
-    groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    groups: dict[tuple[int, bool], list[FileSegment]] = {}
     for seg in end_segments:
         key = (seg.get("stream", 0), seg.get("segment_type") == "small")
         groups.setdefault(key, []).append(seg)
@@ -349,7 +353,7 @@ def expandable_groups(
     return out
 
 
-def range_pools(entries: list[dict[str, Any]], large_page: int) -> dict[int, bool]:
+def range_pools(entries: list[FileEntry], large_page: int) -> dict[int, bool]:
     """Whether each ``segment_map``/``segment_unmap`` entry (by index) is of the small pool.
 
     A history entry does not name its pool; the large pool maps whole large pages, so a size
@@ -363,7 +367,7 @@ def range_pools(entries: list[dict[str, Any]], large_page: int) -> dict[int, boo
     }
 
 
-def blocks_of(segment: dict[str, Any]) -> list[BlockState]:
+def blocks_of(segment: FileSegment) -> list[BlockState]:
     """A segment's blocks; an allocated block's requested bytes are kept in ``[1, size]``."""
     return [
         BlockState(
@@ -377,7 +381,7 @@ def blocks_of(segment: dict[str, Any]) -> list[BlockState]:
     ]
 
 
-def pool_returns(entries: list[dict[str, Any]], end_segments: list[dict[str, Any]]) -> set[int]:
+def pool_returns(entries: list[FileEntry], end_segments: list[FileSegment]) -> set[int]:
     """The indices of the entries where a block went back to its pool.
 
     A block goes back at its ``free_completed``, which comes after its ``free_requested`` when

@@ -16,7 +16,6 @@ exactly (docs/allocator.md section 13) this module
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ..memory._policy import (
     K_SMALL_BUFFER,
@@ -37,6 +36,8 @@ from ._rewind import (
 )
 from ._snapshot_schema import (
     CheckedSnapshot,
+    FileSegment,
+    FileSnapshot,
     Problem,
     check_entries,
     check_snapshot,
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-def devices_with_history(snapshot: dict[str, Any]) -> list[int]:
+def devices_with_history(snapshot: FileSnapshot) -> list[int]:
     """Return the device indices whose ``device_traces`` record at least one allocation.
 
     Entries that are not dicts are passed over (:func:`read_snapshot` refuses them).
@@ -70,7 +71,7 @@ def devices_with_history(snapshot: dict[str, Any]) -> list[int]:
     ]
 
 
-def snapshot_devices(snapshot: dict[str, Any], *, in_use: bool = False) -> list[int]:
+def snapshot_devices(snapshot: FileSnapshot, *, in_use: bool = False) -> list[int]:
     """Return the device indices a snapshot holds: those of its ``device_traces`` entries and
     of its segments, in order; ``in_use``: only those with segments or allocation history.
 
@@ -90,7 +91,7 @@ def snapshot_devices(snapshot: dict[str, Any], *, in_use: bool = False) -> list[
     return sorted(devices)
 
 
-def device_segments(snapshot: dict[str, Any], device: int) -> list[dict[str, Any]]:
+def device_segments(snapshot: FileSnapshot, device: int) -> list[FileSegment]:
     """The segments of ``snapshot`` on recorded ``device`` (a segment without ``device`` is on
     device 0), in the snapshot's order: the one filter of segments by device."""
     return [s for s in snapshot["segments"] if s.get("device", 0) == device]
@@ -113,7 +114,7 @@ def devices_text(devices: list[int]) -> str:
 
 
 def traces_from_snapshot(
-    snapshot: dict[str, Any] | CheckedSnapshot, *, path: str | None = None
+    snapshot: FileSnapshot | CheckedSnapshot, *, path: str | None = None
 ) -> list[Trace]:
     """Turn every device of a snapshot that recorded history into a trace, in device order.
 
@@ -143,7 +144,7 @@ def traces_from_snapshot(
 
 
 def trace_from_snapshot(
-    snapshot: dict[str, Any] | CheckedSnapshot,
+    snapshot: FileSnapshot | CheckedSnapshot,
     *,
     device: int | None = None,
     path: str | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, TypeGuard, cast
 
 from ..memory._config import AllocatorConfig
 from ..memory._policy import MAX_REQUEST_BYTES
@@ -21,6 +21,10 @@ __all__ = [
     "ADDR_ACTIONS",
     "ALLOCATED_STATES",
     "CheckedSnapshot",
+    "FileBlock",
+    "FileEntry",
+    "FileSegment",
+    "FileSnapshot",
     "MAX_FILE_VALUE",
     "SEGMENT_ENTRIES",
     "Problem",
@@ -40,13 +44,74 @@ ADDR_ACTIONS = frozenset(("alloc", "free_requested", "free_completed", *SEGMENT_
 """Trace entries with an ``addr`` and a ``size``; of the others only ``oom`` is read."""
 
 
+class _FileBlockRequired(TypedDict):
+    address: int
+    size: int
+    state: str
+
+
+class FileBlock(_FileBlockRequired, total=False):
+    """A block of a segment in a snapshot file, as :func:`check_snapshot` checked it; the
+    frames are not checked (a reader takes what it can of them)."""
+
+    requested_size: int
+    frames: object
+
+
+class _FileSegmentRequired(TypedDict):
+    address: int
+    total_size: int
+    blocks: list[FileBlock]
+
+
+class FileSegment(_FileSegmentRequired, total=False):
+    """A segment in a snapshot file, as :func:`check_snapshot` checked it (a segment without
+    ``device`` is on device 0, one without ``stream`` on stream 0)."""
+
+    device: int
+    stream: int
+    segment_type: str
+    is_expandable: bool
+    frames: object
+
+
+class _FileEntryRequired(TypedDict):
+    action: str
+
+
+class FileEntry(_FileEntryRequired, total=False):
+    """A trace entry in a snapshot file, as :func:`check_entries` checked it: an entry of
+    :data:`ADDR_ACTIONS` has ``addr`` and ``size``, an ``oom`` entry ``size`` and maybe
+    ``device_free``; an ``alloc`` entry's ``frames`` is a list or None (its frames are not
+    checked), ``time_us`` is not checked."""
+
+    addr: int
+    size: int
+    stream: int
+    device_free: int
+    frames: object
+    time_us: object
+
+
+class _FileSnapshotRequired(TypedDict):
+    segments: list[FileSegment]
+
+
+class FileSnapshot(_FileSnapshotRequired, total=False):
+    """A PyTorch memory snapshot as :func:`read_snapshot` returns it (there ``device_traces``
+    is always present: ``device_traces[i]`` is device i's entries)."""
+
+    device_traces: list[list[FileEntry]]
+    allocator_settings: dict[str, object] | None
+
+
 _READ_PIECE = 16 << 20
 """Bytes read at a time where progress is reported."""
 
 
 def read_snapshot(
     path: str | os.PathLike[str], *, progress: ByteProgress | None = None
-) -> dict[str, Any]:
+) -> FileSnapshot:
     """Read a PyTorch memory snapshot pickle without running any code, and check it.
 
     Parameters
@@ -91,7 +156,7 @@ class CheckedSnapshot:
         The recorded ``allocator_settings`` (defaults when the snapshot has none).
     """
 
-    data: dict[str, Any]
+    data: FileSnapshot
     totals: tuple[_Totals, ...]
     settings: AllocatorConfig
 
@@ -126,12 +191,13 @@ def read_checked_snapshot(
                 progress("reading", done, max(total, done))
             data = b"".join(pieces)
             del pieces
-    snapshot = load_plain_pickle(data, name, progress=progress)
-    if not isinstance(snapshot, dict) or "segments" not in snapshot:
+    loaded = load_plain_pickle(data, name, progress=progress)
+    if not isinstance(loaded, dict) or "segments" not in loaded:
         raise TraceFormatError(
             f"{name}: not a PyTorch memory snapshot (expected a dict with 'segments' and "
-            f"'device_traces'; got {type(snapshot).__name__})"
+            f"'device_traces'; got {type(loaded).__name__})"
         )
+    snapshot = cast(FileSnapshot, loaded)  # decoded plain data: check_snapshot checks it
     budget = len(data)
     del data  # the decoded snapshot is what is kept
     totals, settings = check_snapshot(snapshot, name, budget=budget)
@@ -143,14 +209,16 @@ class Problem(Exception):
     """Something in a snapshot does not fit its schema; the message starts with its path."""
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 _NON_NEGATIVE = "a non-negative int below 2**63"
 _POSITIVE = "a positive int below 2**63"
 _INT64 = "an int in [-2**63, 2**64)"
-_FIELDS: dict[str, tuple[str, Any]] = {  # what a field holds, and a test of its value
+_FIELDS: dict[
+    str, tuple[str, Callable[[object], bool]]
+] = {  # what a field holds, and a test of its value
     "non-negative": (_NON_NEGATIVE, lambda v: _is_int(v) and 0 <= v < MAX_FILE_VALUE),
     "positive": (_POSITIVE, lambda v: _is_int(v) and 0 < v < MAX_FILE_VALUE),
     "int64": (_INT64, lambda v: _is_int(v) and -MAX_FILE_VALUE <= v < 2 * MAX_FILE_VALUE),
@@ -161,7 +229,9 @@ _FIELDS: dict[str, tuple[str, Any]] = {  # what a field holds, and a test of its
 }
 
 
-def _field(obj: dict[str, Any], key: str, path: str, kind: str, *, optional: bool = False) -> Any:
+def _field(
+    obj: dict[str, object], key: str, path: str, kind: str, *, optional: bool = False
+) -> Any:
     """Return ``obj[key]`` if it is a ``kind`` (None if optional and absent), else raise."""
     if key not in obj:
         if optional:
@@ -174,45 +244,45 @@ def _field(obj: dict[str, Any], key: str, path: str, kind: str, *, optional: boo
     return value
 
 
-def _dict_at(value: Any, path: str) -> dict[str, Any]:
+def _dict_at(value: object, path: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise Problem(f"{path}: expected a dict, got {describe(value)}")
     return value
 
 
-def _check_segment(seg: Any, path: str) -> None:
+def _check_segment(seg: object, path: str) -> None:
     """Check one segment and its blocks (the slow, precise way)."""
-    seg = _dict_at(seg, path)
-    _field(seg, "device", path, "non-negative", optional=True)
-    _field(seg, "address", path, "non-negative")
-    _field(seg, "total_size", path, "positive")
-    _field(seg, "stream", path, "int64", optional=True)
-    _field(seg, "segment_type", path, "segment_type", optional=True)
-    _field(seg, "is_expandable", path, "bool", optional=True)
-    blocks = _field(seg, "blocks", path, "list")
+    checked = _dict_at(seg, path)
+    _field(checked, "device", path, "non-negative", optional=True)
+    _field(checked, "address", path, "non-negative")
+    _field(checked, "total_size", path, "positive")
+    _field(checked, "stream", path, "int64", optional=True)
+    _field(checked, "segment_type", path, "segment_type", optional=True)
+    _field(checked, "is_expandable", path, "bool", optional=True)
+    blocks = _field(checked, "blocks", path, "list")
     for k, block in enumerate(blocks):
         where = f"{path}.blocks[{k}]"
-        block = _dict_at(block, where)
-        _field(block, "address", where, "non-negative")
-        _field(block, "size", where, "positive")
-        _field(block, "requested_size", where, "non-negative", optional=True)
-        _field(block, "state", where, "str")
+        fields = _dict_at(block, where)
+        _field(fields, "address", where, "non-negative")
+        _field(fields, "size", where, "positive")
+        _field(fields, "requested_size", where, "non-negative", optional=True)
+        _field(fields, "state", where, "str")
 
 
-def _check_entry(entry: Any, path: str) -> None:
+def _check_entry(entry: object, path: str) -> None:
     """Check one trace entry (the slow, precise way: on a problem the fast loop found)."""
-    entry = _dict_at(entry, path)
-    action = _field(entry, "action", path, "str")
+    fields = _dict_at(entry, path)
+    action = _field(fields, "action", path, "str")
     if action in ADDR_ACTIONS:
-        _field(entry, "addr", path, "non-negative")
-        _field(entry, "size", path, "non-negative")
-        _field(entry, "stream", path, "int64", optional=True)
+        _field(fields, "addr", path, "non-negative")
+        _field(fields, "size", path, "non-negative")
+        _field(fields, "stream", path, "int64", optional=True)
     elif action == "oom":
-        _field(entry, "size", path, "non-negative")
-        _field(entry, "device_free", path, "non-negative", optional=True)
-        _field(entry, "stream", path, "int64", optional=True)
-    if action == "alloc" and entry.get("frames") is not None:
-        _field(entry, "frames", path, "list")
+        _field(fields, "size", path, "non-negative")
+        _field(fields, "device_free", path, "non-negative", optional=True)
+        _field(fields, "stream", path, "int64", optional=True)
+    if action == "alloc" and fields.get("frames") is not None:
+        _field(fields, "frames", path, "list")
 
 
 class _Totals(NamedTuple):
@@ -233,7 +303,7 @@ class _Totals(NamedTuple):
 _GROW, _SHRINK = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
 
 
-def check_entries(entries: list[Any], path: str) -> _Totals:
+def check_entries(entries: list[FileEntry], path: str) -> _Totals:
     """Check a device's trace entries in one pass, adding up what a trace needs."""
     limit, stream_limit, largest = MAX_FILE_VALUE, 2 * MAX_FILE_VALUE, MAX_REQUEST_BYTES
     addr_actions = ADDR_ACTIONS
@@ -290,7 +360,7 @@ def check_entries(entries: list[Any], path: str) -> _Totals:
     return _Totals(frames_count, grown, shrunk, at_oom, too_large)
 
 
-def _check_segments(segments: list[Any]) -> None:
+def _check_segments(segments: list[FileSegment]) -> None:
     """Check the segments and their blocks in one pass."""
     limit, stream_limit = MAX_FILE_VALUE, 2 * MAX_FILE_VALUE
     for i, seg in enumerate(segments):
@@ -329,7 +399,7 @@ def _check_segments(segments: list[Any]) -> None:
 
 
 def check_snapshot(
-    snapshot: dict[str, Any], where: str, *, budget: int | None = None, entries: bool = True
+    snapshot: FileSnapshot, where: str, *, budget: int | None = None, entries: bool = True
 ) -> tuple[tuple[_Totals, ...], AllocatorConfig]:
     """Check a decoded snapshot against PyTorch's schema, as far as accelrt reads it.
 
@@ -391,7 +461,7 @@ def check_snapshot(
     return tuple(totals), settings_of(snapshot, where)
 
 
-def settings_of(snapshot: dict[str, Any], where: str) -> AllocatorConfig:
+def settings_of(snapshot: FileSnapshot, where: str) -> AllocatorConfig:
     try:
         return AllocatorConfig.from_torch_settings(snapshot.get("allocator_settings"))
     except (ValueError, TypeError, ArithmeticError, LookupError, AttributeError) as exc:

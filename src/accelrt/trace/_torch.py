@@ -5,20 +5,23 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._format import Trace, write
 from ._load import load
+
+if TYPE_CHECKING:
+    from torch._C._profiler import _ProfilerEvent
 
 __all__ = ["record_torch"]
 
 
 def record_torch(
-    fn: Callable[[], Any],
+    fn: Callable[[], object],
     path: str | os.PathLike[str],
     *,
     name: str = "torch_trace",
-    workload: dict[str, Any] | None = None,
+    workload: dict[str, object] | None = None,
 ) -> Trace:
     """Run ``fn`` under ``torch.profiler`` and save its allocator calls as an accelrt trace.
 
@@ -65,7 +68,7 @@ def record_torch(
         fn()
     raw: list[tuple[int, int, int, int, str | None]] = []
 
-    def walk(nodes: Any) -> None:
+    def walk(nodes: list[_ProfilerEvent]) -> None:
         for node in nodes:
             if node.tag == _EventType.Allocation:
                 fields = node.extra_fields
@@ -79,8 +82,8 @@ def record_torch(
     raw.sort()
     start = raw[0][0] if raw else 0
     live: dict[int, int] = {}
-    synthetic: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
+    synthetic: list[dict[str, object]] = []
+    rows: list[dict[str, object]] = []
     for t, _, ptr, size, op in raw:
         if size > 0:
             live[ptr] = size

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,47 @@ __all__ = [
 ]
 
 EVENT_ALLOC, EVENT_FREE, EVENT_EMPTY_CACHE, EVENT_OOM = 0, 1, 2, 3
+
+
+SegmentRow: TypeAlias = list[Any]
+"""A segment in a moment's map, a JSON array: ``[address, size, stream, expandable (0 or 1),
+blocks]``, each block ``[bytes, state, allocation or -1]`` (a list of mixed items, which
+typing cannot spell item by item)."""
+
+
+class Moment(TypedDict):
+    """A captured segment map (``View.moments``): the state it was taken at, its segments."""
+
+    state: int
+    segments: list[SegmentRow]
+
+
+class RecordedOom(TypedDict):
+    """A snapshot's ``oom`` entry as the picture takes it (``RecordedDetails.ooms``)."""
+
+    size: int
+    free: int | None
+    reserved: int
+    stack: int
+
+
+class _ViewOomRequired(TypedDict):
+    event: int
+    size: int
+    free: int | None
+    reserved: int | None
+    live: int
+    stack: int
+    source: Literal["recorded", "replay"]
+
+
+class ViewOom(_ViewOomRequired, total=False):
+    """An OOM of a picture (``View.ooms``); ``replayed``: whether the replay hit a recorded one
+    too (recorded ones only)."""
+
+    replayed: bool
+
+
 Int64Array = npt.NDArray[np.int64]
 
 
@@ -136,8 +177,8 @@ class View:
     times: npt.NDArray[np.float64] | None = None
     stacks: list[CleanStack] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
-    ooms: list[dict[str, Any]] = field(default_factory=list)
-    moments: list[dict[str, Any]] = field(default_factory=list)
+    ooms: list[ViewOom] = field(default_factory=list)
+    moments: list[Moment] = field(default_factory=list)
     source: str = ""
     notes: list[str] = field(default_factory=list)
     history: bool = True

@@ -7,14 +7,15 @@ from __future__ import annotations
 import operator
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..memory.history._history import SegmentInfo
 from ..trace._columns import OP_EMPTY_CACHE, OP_FREE
 from ..trace._format import Trace
-from ._model import View, _failed_events, _freed
+from ..trace._snapshot_schema import FileSegment
+from ._model import Moment, SegmentRow, View, _failed_events, _freed
 
 if TYPE_CHECKING:
     pass
@@ -134,11 +135,9 @@ class _Moments:
     def __init__(self, view: View) -> None:
         self.view = view
         self.sizes = view.size.tolist()
-        self.previous: dict[int, list[Any]] = {}
+        self.previous: dict[int, SegmentRow] = {}
 
-    def moment(
-        self, state: int, segments: Sequence[SegmentInfo] | Sequence[dict[str, Any]]
-    ) -> dict[str, Any]:
+    def moment(self, state: int, segments: Sequence[SegmentInfo | FileSegment]) -> Moment:
         view, sizes = self.view, self.sizes
         live = view.live_at(state)
         by_addr = dict(zip(view.addr[live].tolist(), live.tolist(), strict=True))
@@ -148,7 +147,7 @@ class _Moments:
         by_size: dict[int, Iterator[int]] | None = None
         used: set[int] = set()
         out = []
-        shown: dict[int, list[Any]] = {}
+        shown: dict[int, SegmentRow] = {}
         code_of, owner_at = _STATE_CODES.get, by_addr.get
         for seg in sorted(segments, key=_BY_ADDRESS):
             blocks: list[list[int]] = []
@@ -169,7 +168,7 @@ class _Moments:
                 if owner >= 0:
                     used.add(owner)
                 add([blk["size"], code, owner])
-            row = [
+            row: SegmentRow = [
                 seg["address"],
                 seg["total_size"],
                 seg.get("stream", 0),

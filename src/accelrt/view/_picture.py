@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from .._units import format_bytes
 from ..trace._columns import OP_ALLOC, OP_FREE, _signed
 from ..trace._format import Trace
 from ..trace._jsonl import _lines_of, _text_chunks
+from ..trace._snapshot_schema import FileEntry, FileSegment
 from ._model import (
     EVENT_ALLOC,
     EVENT_EMPTY_CACHE,
@@ -39,15 +40,15 @@ if TYPE_CHECKING:
 __all__ = ["end_state_view", "view_of_trace"]
 
 
-def _jsonl_extras(trace: Trace) -> tuple[list[Any], list[Any]] | None:
+def _jsonl_extras(trace: Trace) -> tuple[list[object], list[int | float | None]] | None:
     """``op`` and ``t`` of each event of a JSONL trace, read again from its file.
 
     None when the file is gone, is not JSONL or does not line up with ``trace.events``.
     """
     if trace.path is None or trace.recording is not None or not os.path.isfile(trace.path):
         return None
-    ops: list[Any] = []
-    times: list[Any] = []
+    ops: list[object] = []
+    times: list[int | float | None] = []
     header = True
     try:
         for chunk in _text_chunks(trace.path):
@@ -108,7 +109,7 @@ def _build(trace: Trace, details: RecordedDetails | None) -> View:
     ends[freed] = freeing + 1
     alloc_of[freeing] = freed
 
-    def column(before: list[int], values: Any) -> Int64Array:
+    def column(before: list[int], values: Int64Array) -> Int64Array:
         return np.concatenate([np.asarray(before, dtype=np.int64), values]).astype(np.int64)
 
     stack = np.full(count, -1, dtype=np.int64)
@@ -146,7 +147,7 @@ def _build(trace: Trace, details: RecordedDetails | None) -> View:
     )
 
 
-def _op_ids(names: list[Any], ops: list[str]) -> list[int]:
+def _op_ids(names: list[object], ops: list[str]) -> list[int]:
     """Per allocation, the index of its op in ``ops`` (added in order of first use, cut to 200
     characters), -1 for none."""
     index: dict[str, int] = {}
@@ -168,8 +169,8 @@ def view_of_trace(
     report: ReplayReport | None = None,
     *,
     title: str | None = None,
-    entries: list[dict[str, Any]] | None = None,
-    end_segments: Sequence[dict[str, Any]] = (),
+    entries: list[FileEntry] | None = None,
+    end_segments: Sequence[FileSegment] = (),
     details: RecordedDetails | None = None,
 ) -> View:
     """Build the picture of a trace and, optionally, of a replay of it that already ran.
@@ -304,7 +305,7 @@ def _replay_notes(report: ReplayReport, trace: Trace) -> list[str]:
     return notes
 
 
-def end_state_view(segments: Sequence[dict[str, Any]], title: str) -> View:
+def end_state_view(segments: Sequence[FileSegment], title: str) -> View:
     """The picture of a snapshot recorded without allocation history: its end state only.
 
     Parameters

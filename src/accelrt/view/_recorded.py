@@ -7,16 +7,17 @@ from __future__ import annotations
 import array
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from ..trace._format import Trace
 from ..trace._snapshot import device_segments
-from ._model import Int64Array, _allocating
+from ..trace._snapshot_schema import FileEntry, FileSegment, FileSnapshot
+from ._model import Int64Array, RecordedOom, _allocating
 from ._stacks import CleanStack, clean_stack
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RecordedDetails", "recorded_details", "snapshot_details"]
 
-_Cleaned = tuple[Any, tuple[str, ...], tuple[str, ...], int]
+_Cleaned = tuple[object, tuple[str, ...], tuple[str, ...], int]
 """A frame and what it adds to its stack (:func:`clean_stack` of it alone): Python lines, C++
 lines, hidden frames; the frame is held so that its identity is not another's."""
 _PYTHON_LINES, _NATIVE_LINES, _HIDDEN = (operator.itemgetter(n) for n in (1, 2, 3))
@@ -37,11 +38,12 @@ PyTorch's snapshots share a few thousand among all their stacks."""
 _FRAME_CONTENT = operator.itemgetter("name", "filename", "line")
 
 
-def _content_key(frames: list[Any]) -> Any:
+def _content_key(frames: list[object]) -> Hashable:
     """The names, files and lines of the dict frames of ``frames``, three after three; the
     identity of ``frames`` where one of them cannot be hashed (a stack of its own)."""
     try:  # every frame a dict with all three (as PyTorch writes them): at C speed
-        key = tuple(itertools.chain.from_iterable(map(_FRAME_CONTENT, frames)))
+        dicts = cast("list[dict[str, object]]", frames)  # a TypeError where one is not
+        key = tuple(itertools.chain.from_iterable(map(_FRAME_CONTENT, dicts)))
     except (KeyError, TypeError):
         key = tuple(
             value
@@ -70,13 +72,13 @@ class _Stacks:
 
     def __init__(self) -> None:
         self.stacks: list[CleanStack] = []
-        self._by_frames: dict[Any, int] = {}
+        self._by_frames: dict[Hashable, int] = {}
         self._by_ids: dict[bytes, int] = {}
         self._lines: dict[str, str] = {}
         self._cleaned: dict[int, _Cleaned] = {}  # by the identity of the frame
-        self._first: dict[tuple[int, ...], tuple[list[Any], int]] = {}
+        self._first: dict[tuple[int, ...], tuple[list[object], int]] = {}
 
-    def intern(self, frames: Any) -> int:
+    def intern(self, frames: object) -> int:
         """The index in ``stacks`` of the stack of ``frames`` (added if new); -1 for none."""
         if not isinstance(frames, list) or not frames:
             return -1
@@ -93,14 +95,14 @@ class _Stacks:
             self._first[key] = (frames, ident)
         return ident
 
-    def _by_content(self, frames: list[Any]) -> int:
+    def _by_content(self, frames: list[object]) -> int:
         key = _content_key(frames)
         ident = self._by_frames.get(key)
         if ident is None:
             ident = self._by_frames[key] = self.add(frames)
         return ident
 
-    def add(self, frames: Any) -> int:
+    def add(self, frames: object) -> int:
         """Add the stack of ``frames`` as a stack of its own; return its index.
 
         :func:`clean_stack` cleans a stack frame by frame, so a stack is put together from its
@@ -116,7 +118,7 @@ class _Stacks:
         self.stacks.append(CleanStack(python, native, sum(map(_HIDDEN, cleaned))))
         return len(self.stacks) - 1
 
-    def _clean(self, frames: list[Any]) -> list[_Cleaned]:
+    def _clean(self, frames: list[object]) -> list[_Cleaned]:
         """Clean the frames of ``frames`` not cleaned yet; return what each adds to a stack."""
         cleaned = self._cleaned
         if len(cleaned) + len(frames) > _CLEANED_FRAMES:
@@ -160,7 +162,7 @@ class RecordedDetails:
     start_stack: Int64Array
     event_stack: Int64Array
     times: npt.NDArray[np.float64] | None
-    ooms: list[dict[str, Any]]
+    ooms: list[RecordedOom]
 
 
 def _start_blocks(trace: Trace) -> list[tuple[int, int, int]]:
@@ -176,8 +178,8 @@ def _start_blocks(trace: Trace) -> list[tuple[int, int, int]]:
 
 def recorded_details(
     trace: Trace,
-    entries: Sequence[Any] | None = None,
-    end_segments: Sequence[dict[str, Any]] = (),
+    entries: Sequence[FileEntry] | None = None,
+    end_segments: Sequence[FileSegment] = (),
 ) -> RecordedDetails:
     """Take what a picture shows from a snapshot device's entries and end segments.
 
@@ -220,7 +222,7 @@ def recorded_details(
     )
 
 
-def snapshot_details(snapshot: dict[str, Any], trace: Trace) -> RecordedDetails:
+def snapshot_details(snapshot: FileSnapshot, trace: Trace) -> RecordedDetails:
     """The :func:`recorded_details` of the device of ``trace`` in ``snapshot``.
 
     Parameters
@@ -244,10 +246,10 @@ def snapshot_details(snapshot: dict[str, Any], trace: Trace) -> RecordedDetails:
     )
 
 
-def _entries_by_event(entries: Sequence[Any], n_events: int) -> list[Any] | None:
+def _entries_by_event(entries: Sequence[FileEntry], n_events: int) -> list[FileEntry] | None:
     """The snapshot entry behind each trace event (as ``trace_from_snapshot`` made them), or
     None where they do not line up with the ``n_events`` events."""
-    out: list[Any] = []
+    out: list[FileEntry] = []
     previous = ""
     release_run: int | None = None
     for entry in entries:
@@ -271,7 +273,7 @@ def _entries_by_event(entries: Sequence[Any], n_events: int) -> list[Any] | None
     return out if len(out) == n_events else None
 
 
-def _times(values: list[Any], scale: float) -> npt.NDArray[np.float64] | None:
+def _times(values: Sequence[object], scale: float) -> npt.NDArray[np.float64] | None:
     """``values`` (timestamps) less the first, times ``scale``; None unless all are numbers."""
     if not values:
         return None
@@ -284,10 +286,12 @@ def _times(values: list[Any], scale: float) -> npt.NDArray[np.float64] | None:
     return since
 
 
-def _recorded_ooms(entries: Sequence[Any], reserved: int, stacks: _Stacks) -> list[dict[str, Any]]:
+def _recorded_ooms(
+    entries: Sequence[FileEntry], reserved: int, stacks: _Stacks
+) -> list[RecordedOom]:
     """The snapshot's ``oom`` entries with the reserved bytes PyTorch held then, starting from
     ``reserved`` when recording began; each request's stack added to ``stacks``."""
-    ooms = []
+    ooms: list[RecordedOom] = []
     for entry in entries:
         if type(entry) is not dict:
             continue

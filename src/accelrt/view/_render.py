@@ -15,7 +15,6 @@ import os
 import zlib
 from collections.abc import Iterator, Sequence
 from importlib import resources
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -23,7 +22,8 @@ import numpy.typing as npt
 from .._text import printable
 from .._units import format_bytes
 from ..memory.history._history import SegmentInfo
-from ._model import View
+from ..trace._snapshot_schema import FileSegment
+from ._model import Moment, SegmentRow, View
 from ._stacks import CleanStack
 
 __all__ = ["render_html", "render_pages", "render_png", "segment_text"]
@@ -78,7 +78,7 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-def _shuffled(values: npt.NDArray[Any], dtype: str) -> bytes:
+def _shuffled(values: npt.NDArray[np.generic], dtype: str) -> bytes:
     """The values as little-endian ``dtype``, byte planes one after another (compresses well)."""
     array = np.ascontiguousarray(values, dtype=np.dtype(dtype).newbyteorder("<"))
     width = array.dtype.itemsize
@@ -86,7 +86,7 @@ def _shuffled(values: npt.NDArray[Any], dtype: str) -> bytes:
     return planes
 
 
-def _moment_rows(moments: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
+def _moment_rows(moments: list[Moment]) -> tuple[list[SegmentRow], list[dict[str, object]]]:
     """The segment rows of ``moments`` once each, and the moments as indices into them.
 
     A row shared by several moments (:func:`view_of_trace` shares the rows of segments that
@@ -94,7 +94,7 @@ def _moment_rows(moments: list[dict[str, Any]]) -> tuple[list[Any], list[dict[st
     unchanged through most moments.
     """
     index: dict[int, int] = {}
-    rows: list[Any] = []
+    rows: list[SegmentRow] = []
     out = []
     for moment in moments:
         at = []
@@ -112,7 +112,7 @@ _STACKS_AT_ONCE = 4096
 """Stacks turned into JSON text at a time: the page's data is compressed as it is made."""
 
 
-def _meta_json(stacks: Sequence[CleanStack], rest: dict[str, Any]) -> Iterator[str]:
+def _meta_json(stacks: Sequence[CleanStack], rest: dict[str, object]) -> Iterator[str]:
     """The text of ``json.dumps({"stacks": [[python, native, hidden], ...], **rest})`` (no
     spaces), in pieces: a few thousand stacks at a time, so that the text of every stack is
     never held at once."""
@@ -125,13 +125,13 @@ def _meta_json(stacks: Sequence[CleanStack], rest: dict[str, Any]) -> Iterator[s
     yield "]," + json.dumps(rest, separators=(",", ":"))[1:]
 
 
-def _payload(view: View) -> tuple[dict[str, Any], str]:
+def _payload(view: View) -> tuple[dict[str, object], str]:
     """The page's JSON head and its base64 blob."""
     streams = sorted(set(view.stream.tolist()))
     stream_ids = {s: i for i, s in enumerate(streams)}
     start_delta = np.diff(view.start, prepend=0)
     group, group_names = view.frame_groups()
-    columns: list[tuple[str, npt.NDArray[Any], str, str]] = [
+    columns: list[tuple[str, npt.NDArray[np.generic], str, str]] = [
         ("start", start_delta, "<i4", "i32"),
         ("dur", view.end - view.start, "<i4", "i32"),
         ("size", view.size.astype(np.float64), "<f8", "f64"),
@@ -163,7 +163,7 @@ def _payload(view: View) -> tuple[dict[str, Any], str]:
     }
     compressor = zlib.compressobj(6)
     compressed: list[bytes] = []
-    layout: list[list[Any]] = []
+    layout: list[list[str | int]] = []
     for name, values, dtype, code in columns:
         data = _shuffled(values, dtype)
         compressed.append(compressor.compress(data))
@@ -315,7 +315,7 @@ def render_png(view: View, path: str | os.PathLike[str]) -> None:
     plt.close(fig)
 
 
-def segment_text(segments: list[SegmentInfo] | list[dict[str, Any]], width: int = 48) -> str:
+def segment_text(segments: Sequence[SegmentInfo | FileSegment], width: int = 48) -> str:
     """A text map of segments (like ``torch.cuda._memory_viz.segsum``).
 
     One line per segment: address, size, allocated and free bytes, and a bar of ``width``

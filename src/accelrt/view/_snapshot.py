@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._gc import collector_paused
 from ..trace._format import Trace
 from ..trace._snapshot import device_segments, devices_with_history, trace_from_snapshot
-from ..trace._snapshot_schema import CheckedSnapshot, read_checked_snapshot
+from ..trace._snapshot_schema import CheckedSnapshot, FileSnapshot, read_checked_snapshot
 from ._model import View
 from ._moments import picture_moments
 from ._picture import end_state_view, view_of_trace
@@ -29,7 +29,7 @@ def view_of_snapshot(
     *,
     device_index: int | None = None,
     moments: int | None = None,
-    snapshot: dict[str, Any] | CheckedSnapshot | None = None,
+    snapshot: FileSnapshot | CheckedSnapshot | None = None,
 ) -> View:
     """Build the picture of a snapshot pickle (PyTorch's or accelrt's): read, replayed, drawn.
 
@@ -102,7 +102,7 @@ class SnapshotPicture:
     def take(
         cls,
         path: str | os.PathLike[str],
-        snapshot: dict[str, Any] | CheckedSnapshot,
+        snapshot: FileSnapshot | CheckedSnapshot,
         device_index: int | None = None,
     ) -> SnapshotPicture:
         """Take the picture of a device (default: the only one with history, else 0).

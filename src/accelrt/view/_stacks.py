@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["CleanStack", "clean_stack", "is_python_frame"]
 
@@ -27,11 +26,11 @@ _LIMIT_NAME = 160
 _LIMIT_FILE = 240
 
 
-def _text(value: Any, limit: int) -> str:
+def _text(value: object, limit: int) -> str:
     return value[:limit] if isinstance(value, str) else "?"
 
 
-def is_python_frame(frame: Any) -> bool:
+def is_python_frame(frame: object) -> bool:
     """Whether a recorded frame is a line of Python source (a ``.py`` file with a line > 0).
 
     Parameters
@@ -52,7 +51,7 @@ def is_python_frame(frame: Any) -> bool:
     )
 
 
-def _is_noise(frame: dict[str, Any]) -> bool:
+def _is_noise(frame: dict[str, object]) -> bool:
     name = frame.get("name")
     filename = frame.get("filename")
     if isinstance(filename, str) and _NOISE_FILE.search(filename):
@@ -100,7 +99,7 @@ class CleanStack:
         return out
 
 
-def clean_stack(frames: Any) -> CleanStack:
+def clean_stack(frames: object) -> CleanStack:
     """Clean a recorded stack (a snapshot entry's ``frames``).
 
     Parameters

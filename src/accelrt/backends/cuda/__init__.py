@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Concatenate, ParamSpec, TypeVar
 
 from ._driver import CUDA_ERROR_INSUFFICIENT_DRIVER as CUDA_ERROR_INSUFFICIENT_DRIVER
 from ._driver import CUDA_ERROR_NO_DEVICE as CUDA_ERROR_NO_DEVICE
@@ -93,14 +93,20 @@ class CUDABackend(_DeviceMemory, _HostMemory, _StreamsEvents, _Graphs):
     name = "cuda"
 
 
-def _in_context(method: Callable[..., Any]) -> Callable[..., Any]:
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _in_context(
+    method: Callable[Concatenate[CUDABackend, int, _P], _R],
+) -> Callable[Concatenate[CUDABackend, int, _P], _R]:
     """Run ``method(self, index, ...)`` with device ``index``'s primary context current."""
 
     @functools.wraps(method)
-    def call(self: CUDABackend, index: int, *args: Any) -> Any:
+    def call(self: CUDABackend, index: int, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         _, previous = self._enter(index)
         try:
-            return method(self, index, *args)
+            return method(self, index, *args, **kwargs)
         finally:
             if previous is not None:
                 self._leave(index, previous)
@@ -108,14 +114,16 @@ def _in_context(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _in_event_context(method: Callable[..., Any]) -> Callable[..., Any]:
+def _in_event_context(
+    method: Callable[Concatenate[CUDABackend, CUDAEvent, _P], _R],
+) -> Callable[Concatenate[CUDABackend, CUDAEvent, _P], _R]:
     """Run ``method(self, event, ...)`` with the event's device's primary context current."""
 
     @functools.wraps(method)
-    def call(self: CUDABackend, event: Any, *args: Any) -> Any:
+    def call(self: CUDABackend, event: CUDAEvent, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         _, previous = self._enter(event.device)
         try:
-            return method(self, event, *args)
+            return method(self, event, *args, **kwargs)
         finally:
             if previous is not None:
                 self._leave(event.device, previous)

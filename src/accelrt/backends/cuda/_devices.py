@@ -6,19 +6,29 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
 from ..._text import error_line
-from .._base import STORAGE_DTYPE_NAMES, dtypes, visible_devices
+from .._base import STORAGE_DTYPE_NAMES, DType, dtypes, visible_devices
 from ._driver import (
     CUDA_ERROR_INSUFFICIENT_DRIVER,
     CUDA_ERROR_NO_DEVICE,
     CUDA_SUCCESS,
     INSTALL_HINT,
     CUDAError,
+    DriverLayer,
     _DriverCalls,
 )
+
+if TYPE_CHECKING:
+    from cuda.bindings.driver import (
+        CUcontext,
+        CUdevice,
+        CUevent,
+        CUmemGenericAllocationHandle,
+        CUstream,
+    )
 
 
 class _Reservation:
@@ -28,7 +38,7 @@ class _Reservation:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.handles: dict[int, Any] = {}  # page address -> CUmemGenericAllocationHandle
+        self.handles: dict[int, CUmemGenericAllocationHandle] = {}  # by page address
 
 
 class _CUDADevice:
@@ -45,16 +55,16 @@ class _CUDADevice:
         "streams",
     )
 
-    def __init__(self, device: Any, context: Any) -> None:
+    def __init__(self, device: CUdevice, context: CUcontext) -> None:
         self.device = device
         self.context = context
         self.context_id = int(context)
         self.allocations: set[int] = set()
-        self.streams: dict[int, Any] = {}  # handle -> CUstream created by stream_create
+        self.streams: dict[int, CUstream] = {}  # handle -> CUstream created by stream_create
         self.reservations: dict[int, _Reservation] = {}
         # (event, host object) of async host copies, kept until the event completes
-        self.keepalive: deque[tuple[Any, Any]] = deque()
-        self.idle_events: list[Any] = []  # timing-disabled events for the keep-alive
+        self.keepalive: deque[tuple[CUevent, object]] = deque()
+        self.idle_events: list[CUevent] = []  # timing-disabled events for the keep-alive
 
 
 class _Devices(_DriverCalls):
@@ -62,13 +72,13 @@ class _Devices(_DriverCalls):
 
     name: str
 
-    def __init__(self, driver: Any = None) -> None:
+    def __init__(self, driver: DriverLayer | None = None) -> None:
         self._driver = driver
         self._lock = threading.RLock()
         self._physical: list[int] | None = None  # visible index -> CUDA device ordinal
         self._reason: str | None = None
         self._state: dict[int, _CUDADevice] = {}
-        self._handles: dict[int, Any] = {}  # visible index -> CUdevice
+        self._handles: dict[int, CUdevice] = {}  # visible index -> CUdevice
         self._granularity: dict[int, int] = {}
         self._vmm: bool | None = None
         self._host: set[int] = set()  # live host_alloc addresses
@@ -153,7 +163,7 @@ class _Devices(_DriverCalls):
         """Return the CUDA device ordinal of accelrt device ``index`` (after visibility)."""
         return self._devices()[index]
 
-    def _device(self, index: int) -> Any:
+    def _device(self, index: int) -> CUdevice:
         handle = self._handles.get(index)
         if handle is None:
             handle = self._handles[index] = self._call("cuDeviceGet", index, self._devices()[index])
@@ -196,7 +206,7 @@ class _Devices(_DriverCalls):
         version = int(self._call("cuDriverGetVersion", index))
         major = self._attribute(index, "COMPUTE_CAPABILITY_MAJOR")
         minor = self._attribute(index, "COMPUTE_CAPABILITY_MINOR")
-        raw: dict[str, Any] = {
+        raw: dict[str, object] = {
             "physical_index": self._devices()[index],
             "major": major,
             "minor": minor,
@@ -238,7 +248,7 @@ class _Devices(_DriverCalls):
             raw=raw,
         )
 
-    def supported_dtypes(self, index: int) -> frozenset[Any]:
+    def supported_dtypes(self, index: int) -> frozenset[DType]:
         """Every fixed-size numpy dtype: device memory holds bytes of any kind."""
         return dtypes(STORAGE_DTYPE_NAMES)
 
@@ -267,7 +277,7 @@ class _Devices(_DriverCalls):
                     state = self._state[index] = _CUDADevice(device, context)
         return state
 
-    def _enter(self, index: int) -> tuple[_CUDADevice, Any]:
+    def _enter(self, index: int) -> tuple[_CUDADevice, CUcontext | None]:
         """Make device ``index``'s primary context current; return its state and the context to
         restore afterwards (None when nothing needs restoring)."""
         state = self._dev(index)
@@ -278,11 +288,11 @@ class _Devices(_DriverCalls):
         self._call("cuCtxSetCurrent", index, state.context)
         return state, (current if current_id else None)
 
-    def _leave(self, index: int, previous: Any) -> None:
+    def _leave(self, index: int, previous: CUcontext | None) -> None:
         if previous is not None:
             self._call("cuCtxSetCurrent", index, previous)
 
-    def context(self, index: int) -> Any:
+    def context(self, index: int) -> CUcontext:
         """Return device ``index``'s primary context (a ``CUcontext``), retaining it.
 
         Raises
@@ -292,6 +302,6 @@ class _Devices(_DriverCalls):
         """
         return self._dev(index).context
 
-    def _stream(self, state: _CUDADevice, stream: int) -> Any:
+    def _stream(self, state: _CUDADevice, stream: int) -> CUstream:
         handle = state.streams.get(stream)
         return handle if handle is not None else self.driver.CUstream(stream)

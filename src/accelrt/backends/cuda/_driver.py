@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypedDict
 
 from ..._errors import AcceleratorError
 from ..._text import error_line
@@ -19,10 +20,24 @@ CUDA_ERROR_NO_DEVICE = 100
 CUDA_ERROR_NOT_READY = 600
 
 
-def _load_driver() -> Any:
+class DriverLayer(Protocol):
+    """``cuda.bindings.driver`` or an object with the same functions and types (a fake in
+    tests): the backend reaches every driver function and type by name."""
+
+    def __getattr__(self, name: str) -> Any: ...
+
+
+def _load_driver() -> DriverLayer:
     from cuda.bindings import driver
 
-    return driver
+    layer: DriverLayer = driver
+    return layer
+
+
+class _ErrorFields(TypedDict):
+    function: str
+    result: int
+    error_name: str
 
 
 class CUDAError(AcceleratorError):
@@ -50,12 +65,18 @@ class CUDAError(AcceleratorError):
         self.result = result
         self.error_name = error_name
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        kwargs = {"function": self.function, "result": self.result, "error_name": self.error_name}
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[str, _ErrorFields], CUDAError], tuple[str, _ErrorFields]]:
+        kwargs: _ErrorFields = {
+            "function": self.function,
+            "result": self.result,
+            "error_name": self.error_name,
+        }
         return (_rebuild_cuda_error, (str(self), kwargs))
 
 
-def _rebuild_cuda_error(message: str, kwargs: dict[str, Any]) -> CUDAError:
+def _rebuild_cuda_error(message: str, kwargs: _ErrorFields) -> CUDAError:
     return CUDAError(message, **kwargs)
 
 
@@ -64,10 +85,10 @@ class _DriverCalls:
     every result but ``CUDA_SUCCESS`` becomes a :class:`CUDAError` naming the call and device,
     or ``BackendOutOfMemory`` where memory ran out."""
 
-    _driver: Any
+    _driver: DriverLayer | None
 
     @property
-    def driver(self) -> Any:
+    def driver(self) -> DriverLayer:
         """The driver layer (``cuda.bindings.driver`` unless another was given).
 
         Raises
@@ -112,8 +133,9 @@ class _DriverCalls:
             error_name=name,
         )
 
-    def _call(self, function: str, index: int | None, *args: Any) -> Any:
-        """Call driver ``function``; return its outputs (None, one value or a tuple).
+    def _call(self, function: str, index: int | None, *args: object) -> Any:
+        """Call driver ``function``; return its outputs (None, one value or a tuple: driver
+        handles and numbers, untyped as ``cuda-bindings`` is).
 
         Raises ``CUDAError`` for any result but ``CUDA_SUCCESS``.
         """

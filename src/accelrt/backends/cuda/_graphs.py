@@ -4,9 +4,12 @@ launch, destruction and the DOT dump (``accelrt.Graph``)."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._devices import _Devices
+
+if TYPE_CHECKING:
+    from cuda.bindings.driver import CUgraph, CUgraphExec
 
 
 class _Graphs(_Devices):
@@ -31,7 +34,7 @@ class _Graphs(_Devices):
         value = getattr(self.driver.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{mode.upper()}")
         self._call("cuStreamBeginCapture", index, self._stream(state, stream), value)
 
-    def graph_capture_end(self, index: int, stream: int) -> Any:
+    def graph_capture_end(self, index: int, stream: int) -> CUgraph:
         """``cuStreamEndCapture``: the captured ``CUgraph``.
 
         Raises ``CUDAError`` (``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`` when an illegal call
@@ -40,24 +43,24 @@ class _Graphs(_Devices):
         state = self._dev(index)
         return self._call("cuStreamEndCapture", index, self._stream(state, stream))
 
-    def graph_instantiate(self, index: int, graph: Any) -> Any:
+    def graph_instantiate(self, index: int, graph: CUgraph) -> CUgraphExec:
         """``cuGraphInstantiate(graph, 0)``: the ``CUgraphExec``. Raises ``CUDAError``."""
         return self._call("cuGraphInstantiate", index, graph, 0)
 
-    def graph_launch(self, index: int, executable: Any, stream: int) -> None:
+    def graph_launch(self, index: int, executable: CUgraphExec, stream: int) -> None:
         """``cuGraphLaunch`` of a ``CUgraphExec`` on ``stream``. Raises ``CUDAError``."""
         state = self._dev(index)
         self._call("cuGraphLaunch", index, executable, self._stream(state, stream))
 
-    def graph_destroy(self, index: int, graph: Any) -> None:
+    def graph_destroy(self, index: int, graph: CUgraph) -> None:
         """``cuGraphDestroy``. Raises ``CUDAError``."""
         self._call("cuGraphDestroy", index, graph)
 
-    def graph_exec_destroy(self, index: int, executable: Any) -> None:
+    def graph_exec_destroy(self, index: int, executable: CUgraphExec) -> None:
         """``cuGraphExecDestroy``. Raises ``CUDAError``."""
         self._call("cuGraphExecDestroy", index, executable)
 
-    def graph_debug_dump(self, index: int, graph: Any, path: str) -> None:
+    def graph_debug_dump(self, index: int, graph: CUgraph, path: str) -> None:
         """``cuGraphDebugDotPrint(graph, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE)``: the graph
         as Graphviz DOT. Raises ``CUDAError``."""
         flags = int(self.driver.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE)

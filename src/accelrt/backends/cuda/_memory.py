@@ -3,10 +3,13 @@ segments (address ranges reserved, pages of the allocation granularity mapped an
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._devices import _Devices, _Reservation
 from ._driver import CUDA_SUCCESS
+
+if TYPE_CHECKING:
+    from cuda.bindings.driver import CUmemAllocationProp, CUmemGenericAllocationHandle
 
 
 class _DeviceMemory(_Devices):
@@ -55,7 +58,7 @@ class _DeviceMemory(_Devices):
         free, total = self._call("cuMemGetInfo", index)
         return int(free), int(total)
 
-    def _allocation_prop(self, index: int) -> Any:
+    def _allocation_prop(self, index: int) -> CUmemAllocationProp:
         drv = self.driver
         prop = drv.CUmemAllocationProp()
         prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -169,7 +172,7 @@ class _DeviceMemory(_Devices):
             if any(page in reservation.handles for page in pages):
                 raise ValueError(f"cuda:{index}: a page of [{address:#x}, +{nbytes}) is mapped")
             prop = self._allocation_prop(index)
-            created: list[Any] = []
+            created: list[CUmemGenericAllocationHandle] = []
             mapped: list[int] = []
             try:
                 for _ in pages:

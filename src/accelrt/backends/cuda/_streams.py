@@ -3,10 +3,13 @@ until an event recorded after the copy completes), memsets and device synchronis
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._devices import _CUDADevice, _Devices
 from ._driver import CUDA_ERROR_NOT_READY, CUDA_SUCCESS
+
+if TYPE_CHECKING:
+    from cuda.bindings.driver import CUevent, CUstream
 
 MAX_IDLE_EVENTS = 64
 """Events kept for reuse per device by the host-copy keep-alive (the rest are destroyed)."""
@@ -27,7 +30,7 @@ class CUDAEvent:
 
     __slots__ = ("device", "handle", "timing")
 
-    def __init__(self, device: int, handle: Any, timing: bool) -> None:
+    def __init__(self, device: int, handle: CUevent, timing: bool) -> None:
         self.device = device
         self.handle = handle
         self.timing = timing
@@ -97,7 +100,7 @@ class _StreamsEvents(_Devices):
         self._call("cuStreamSynchronize", index, self._stream(state, stream))
         self._prune_keepalive(index, state)
 
-    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+    def stream_wait_event(self, index: int, stream: int, event: CUDAEvent) -> None:
         """``cuStreamWaitEvent``: later work on ``stream`` waits for ``event`` (no host wait)."""
         state = self._dev(index)
         self._call("cuStreamWaitEvent", index, self._stream(state, stream), event.handle, 0)
@@ -112,7 +115,7 @@ class _StreamsEvents(_Devices):
         flag = flags.CU_EVENT_DEFAULT if timing else flags.CU_EVENT_DISABLE_TIMING
         return CUDAEvent(index, self._call("cuEventCreate", index, int(flag)), timing)
 
-    def event_record(self, event: Any, index: int, stream: int) -> None:
+    def event_record(self, event: CUDAEvent, index: int, stream: int) -> None:
         """``cuEventRecord`` on ``stream``."""
         state, previous = self._enter(index)
         try:
@@ -120,11 +123,11 @@ class _StreamsEvents(_Devices):
         finally:
             self._leave(index, previous)
 
-    def event_destroy(self, event: Any) -> None:
+    def event_destroy(self, event: CUDAEvent) -> None:
         """``cuEventDestroy``; the driver releases it once its recorded work completes."""
         self._call("cuEventDestroy", event.device, event.handle)
 
-    def event_query(self, event: Any) -> bool:
+    def event_query(self, event: CUDAEvent) -> bool:
         """``cuEventQuery``: True when the recorded work has completed (True if unrecorded)."""
         code = int(self.driver.cuEventQuery(event.handle)[0])
         if code == CUDA_ERROR_NOT_READY:
@@ -133,11 +136,11 @@ class _StreamsEvents(_Devices):
             raise self._error("cuEventQuery", code, event.device)
         return True
 
-    def event_synchronize(self, event: Any) -> None:
+    def event_synchronize(self, event: CUDAEvent) -> None:
         """``cuEventSynchronize``: block until the recorded work has completed."""
         self._call("cuEventSynchronize", event.device, event.handle)
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+    def event_elapsed_ms(self, start: CUDAEvent, end: CUDAEvent) -> float:
         """``cuEventElapsedTime``: milliseconds from ``start`` to ``end`` (about 0.5 us steps).
 
         Raises ``CUDAError`` (``CUDA_ERROR_INVALID_HANDLE``) if either event lacks timing or was
@@ -145,7 +148,7 @@ class _StreamsEvents(_Devices):
         """
         return float(self._call("cuEventElapsedTime", start.device, start.handle, end.handle))
 
-    def _keep_alive(self, index: int, state: _CUDADevice, stream: Any, host: Any) -> None:
+    def _keep_alive(self, index: int, state: _CUDADevice, stream: CUstream, host: object) -> None:
         """Record an event after a host copy on ``stream`` and keep ``host`` until it completes."""
         with self._lock:
             self._prune_keepalive(index, state)

@@ -4,22 +4,62 @@ reads, PyOpenCL's errors as ``AcceleratorError``, host views of SVM memory."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from ..._errors import AcceleratorError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import pyopencl
 
 # CL_OUT_OF_RESOURCES, CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_OUT_OF_HOST_MEMORY,
 # CL_INVALID_BUFFER_SIZE: what clSVMAlloc reports when a request cannot be met.
 _OOM_CODES = frozenset({-5, -4, -6, -61})
 
 
-def _import_cl() -> Any:
+class CLProfile(Protocol):
+    """The profiled times of a command (``pyopencl.Event.profile``), in nanoseconds."""
+
+    @property
+    def end(self) -> int: ...
+
+
+class CLEvent(Protocol):
+    """What the backend uses of a ``pyopencl.Event`` (a copy's, a fill's or a marker's): its
+    execution status, read with the raw ``cl_event_info`` code (``_EXECUTION_STATUS``), a
+    blocking wait and its profiled times."""
+
+    def get_info(self, param: int, /) -> int: ...
+
+    def wait(self) -> None: ...
+
+    @property
+    def profile(self) -> CLProfile: ...
+
+
+WaitList: TypeAlias = "Sequence[CLEvent] | None"
+"""The events an enqueued command waits for (``wait_for``)."""
+
+SVMMemcpy: TypeAlias = (
+    "Callable[[pyopencl.CommandQueue, bool, pyopencl.SVMPointer, pyopencl.SVMPointer, WaitList, "
+    "int], CLEvent]"
+)
+"""``clEnqueueSVMMemcpy``: ``(queue, is_blocking, dst, src, wait_for, nbytes)`` -> its event."""
+
+Marker: TypeAlias = "Callable[[pyopencl.CommandQueue, WaitList], CLEvent]"
+"""``clEnqueueMarkerWithWaitList``: ``(queue, wait_for)`` -> the marker."""
+
+
+def _import_cl() -> ModuleType:
     import pyopencl
 
     return pyopencl
 
 
-def _host_array(ptr: int, nbytes: int) -> Any:
+def _host_array(ptr: int, nbytes: int) -> npt.NDArray[np.uint8]:
     import numpy as np
 
     return np.frombuffer(memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B"), np.uint8)
@@ -34,12 +74,19 @@ _EXECUTION_STATUS = 0x11D3
 
 
 def _svm_memcpy_by_enqueue_copy(
-    cl: Any, queue: Any, is_blocking: bool, dst: Any, src: Any, wait_for: Any, nbytes: int
-) -> Any:
+    cl: ModuleType,
+    queue: pyopencl.CommandQueue,
+    is_blocking: bool,
+    dst: pyopencl.SVMPointer,
+    src: pyopencl.SVMPointer,
+    wait_for: WaitList,
+    nbytes: int,
+) -> CLEvent:
     """PyOpenCL's ``_enqueue_svm_memcpy`` call (after ``cl``) through ``pyopencl.enqueue_copy``."""
-    return cl.enqueue_copy(
+    event: CLEvent = cl.enqueue_copy(
         queue, dst, src, byte_count=nbytes, is_blocking=is_blocking, wait_for=wait_for
     )
+    return event
 
 
 def _raise_driver_error(call: str, exc: Exception) -> None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
-from .._base import dtypes, visible_devices
-from ._cl import _import_cl, _svm_memcpy_by_enqueue_copy
+from .._base import DType, dtypes, visible_devices
+from ._cl import Marker, SVMMemcpy, _import_cl, _svm_memcpy_by_enqueue_copy
 from ._queues import _CLStream
+
+if TYPE_CHECKING:
+    import pyopencl
 
 
 class _CLDevice:
@@ -22,25 +25,25 @@ class _CLDevice:
         "svm_memcpy",
     )  # fmt: skip
 
-    def __init__(self, cl: Any, device: Any, index: int) -> None:
+    def __init__(self, cl: ModuleType, device: pyopencl.Device, index: int) -> None:
         self.cl = cl  # the pyopencl module, so hot paths need no import statement
         self.device = device
         self.index = index
-        self.context = cl.Context([device])
-        self.allocations: dict[int, Any] = {}
+        self.context: pyopencl.Context = cl.Context([device])
+        self.allocations: dict[int, pyopencl.SVMAllocation] = {}
         self.held = 0
         # (device pointer, bytes) -> the cl.SVM wrapper copies use; emptied when memory is freed
-        self.svm: dict[tuple[int, int], Any] = {}
+        self.svm: dict[tuple[int, int], pyopencl.SVMPointer] = {}
         # clEnqueueSVMMemcpy as PyOpenCL's extension exposes it, (queue, is_blocking, dst, src,
         # wait_for, byte_count) with both sides cl.SVM: what pyopencl.enqueue_copy calls after
         # about 1 us of dispatch in Python on its arguments' types. Where a PyOpenCL version
         # lacks it, the same call through enqueue_copy.
-        self.svm_memcpy: Callable[..., Any] = getattr(
+        self.svm_memcpy: SVMMemcpy = getattr(
             getattr(cl, "_cl", None), "_enqueue_svm_memcpy", None
         ) or functools.partial(_svm_memcpy_by_enqueue_copy, cl)
         # clEnqueueMarkerWithWaitList, (queue, wait_for): what pyopencl.enqueue_marker calls
         # after asking the queue's OpenCL version (SVM devices are OpenCL 2.0, so always it)
-        self.marker: Callable[[Any, Any], Any] = getattr(
+        self.marker: Marker = getattr(
             getattr(cl, "_cl", None), "_enqueue_marker_with_wait_list", cl.enqueue_marker
         )
         # the live streams by handle; 0 is the default stream
@@ -61,14 +64,14 @@ class _Devices:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cl_devices: list[Any] | None = None
+        self._cl_devices: list[pyopencl.Device] | None = None
         self._state: dict[int, _CLDevice] = {}
         self._next_stream = 1
 
     # discovery
-    def _devices(self) -> list[Any]:
+    def _devices(self) -> list[pyopencl.Device]:
         if self._cl_devices is None:
-            found: list[Any] = []
+            found: list[pyopencl.Device] = []
             try:
                 cl = _import_cl()
                 for platform in cl.get_platforms():
@@ -121,7 +124,7 @@ class _Devices:
             },
         )
 
-    def supported_dtypes(self, index: int) -> frozenset[Any]:
+    def supported_dtypes(self, index: int) -> frozenset[DType]:
         """Return the dtypes device ``index`` supports.
 
         Integers, bool, float32 and complex64 always (OpenCL requires them); float64 and
@@ -146,7 +149,7 @@ class _Devices:
                     self._state[index] = state
         return state
 
-    def context(self, index: int) -> Any:
+    def context(self, index: int) -> pyopencl.Context:
         """Return the device's ``pyopencl.Context`` (for native interop, e.g. user events)."""
         return self._dev(index).context
 

@@ -3,12 +3,15 @@ mapped ``CL_MEM_ALLOC_HOST_PTR`` buffers for the host caching allocator."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from .._base import BackendOutOfMemory
 from ._cl import _OOM_CODES, _host_array, _import_cl
 from ._devices import _Devices
 from ._queues import _finish
+
+if TYPE_CHECKING:
+    import pyopencl
 
 
 class _DeviceMemory(_Devices):
@@ -53,7 +56,7 @@ class _DeviceMemory(_Devices):
         for stream in streams:  # every queue has finished: every copy has run
             stream.keep.clear()
         state.svm.clear()
-        state.held -= int(allocation.size)
+        state.held -= int(allocation.size or 0)  # (an allocation has a size)
         allocation.release()
 
     def mem_get_info(self, index: int) -> tuple[int, int]:
@@ -70,7 +73,7 @@ class _DeviceMemory(_Devices):
         """
         if not self._devices()[index].host_unified_memory:
             return None
-        return memoryview(_host_array(ptr, nbytes)).cast("B")
+        return _host_array(ptr, nbytes).data.cast("B")
 
 
 class _HostMemory(_Devices):
@@ -135,6 +138,13 @@ class _HostMemory(_Devices):
         buffer.release()
 
 
+class _MappedArray(Protocol):
+    """The numpy array ``pyopencl.enqueue_map_buffer`` maps a host buffer to."""
+
+    @property
+    def base(self) -> pyopencl.MemoryMap: ...
+
+
 class _CLHostMemory:
     """The host allocations of the backend (address -> device, buffer, mapped array), and per
     device the private queue that maps and unmaps them."""
@@ -142,5 +152,6 @@ class _CLHostMemory:
     __slots__ = ("allocations", "queues")
 
     def __init__(self) -> None:
-        self.allocations: dict[int, tuple[int, Any, Any]] = {}
-        self.queues: dict[int, Any] = {}
+        # address -> (device, buffer, its mapping)
+        self.allocations: dict[int, tuple[int, pyopencl.Buffer, _MappedArray]] = {}
+        self.queues: dict[int, pyopencl.CommandQueue] = {}

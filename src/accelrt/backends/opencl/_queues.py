@@ -5,23 +5,34 @@ wrappers copies use."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ..._stream_ops import SVMStreamOps  # the build where there is one (_compiled.py)
 from .._queue_streams import QueueEvent, no_stream
-from ._cl import _CL_COMPLETE, _EXECUTION_STATUS, _host_array, _raise_driver_error
+from ._cl import (
+    _CL_COMPLETE,
+    _EXECUTION_STATUS,
+    CLEvent,
+    SVMMemcpy,
+    WaitList,
+    _host_array,
+    _raise_driver_error,
+)
+
+if TYPE_CHECKING:
+    import pyopencl
 
 
 class _CLDevice(Protocol):
     """What the per-queue objects use of a device's state (``_devices._CLDevice``)."""
 
-    cl: Any  # the pyopencl module
+    cl: ModuleType  # the pyopencl module
     index: int
-    svm: dict[tuple[int, int], Any]  # the cached cl.SVM wrappers (see _svm)
-    svm_memcpy: Callable[..., Any]
+    svm: dict[tuple[int, int], pyopencl.SVMPointer]  # the cached cl.SVM wrappers (see _svm)
+    svm_memcpy: SVMMemcpy
 
-    def marker(self, queue: Any, wait_for: Any) -> Any: ...
+    def marker(self, queue: pyopencl.CommandQueue, wait_for: WaitList, /) -> CLEvent: ...
 
 
 # the largest number of cached cl.SVM wrappers of device memory per device (see _svm)
@@ -36,7 +47,7 @@ _KEEP_SCAN = 32
 _KEEP_SCAN_BYTES = 64 << 20
 
 
-def _svm(state: _CLDevice, ptr: int, nbytes: int) -> Any:
+def _svm(state: _CLDevice, ptr: int, nbytes: int) -> pyopencl.SVMPointer:
     """Return a ``cl.SVM`` over ``nbytes`` of device memory at ``ptr``, cached per range.
 
     Building one costs a ctypes array, a memoryview and a numpy view; a program copies the
@@ -48,11 +59,12 @@ def _svm(state: _CLDevice, ptr: int, nbytes: int) -> Any:
     if svm is None:
         if len(state.svm) >= _SVM_CACHE_SIZE:
             state.svm.clear()
-        svm = state.svm[key] = state.cl.SVM(_host_array(ptr, nbytes))
+        made: pyopencl.SVMPointer = state.cl.SVM(_host_array(ptr, nbytes))
+        svm = state.svm[key] = made
     return svm
 
 
-def _drop_completed(keep: deque[tuple[Any, Any]]) -> None:
+def _drop_completed(keep: deque[tuple[CLEvent, memoryview]]) -> None:
     """Forget the host objects of copies at the head of ``keep`` that have finished.
 
     Safe against another thread trimming the same queue's entries at the same time.
@@ -83,6 +95,8 @@ class OpenCLEvent(QueueEvent):
     on it forgets)."""
 
     __slots__ = ()
+    marker: CLEvent | None
+    stream: _CLStream | None
 
 
 def _no_stream(index: int, stream: int) -> ValueError:
@@ -99,16 +113,21 @@ class _CLStream(SVMStreamOps):
     """
 
     __slots__ = ("device", "handle")  # and the fields of its bases
+    queue: pyopencl.CommandQueue | None
+    last: CLEvent | None
+    keep: deque[tuple[CLEvent, memoryview]]
+    views: dict[tuple[int, int], pyopencl.SVMPointer]
+    svm_memcpy: SVMMemcpy
 
-    def __init__(self, device: _CLDevice, handle: int, queue: Any) -> None:
+    def __init__(self, device: _CLDevice, handle: int, queue: pyopencl.CommandQueue) -> None:
         self.device = device
         self.handle = handle
-        self.queue: Any = queue
+        self.queue = queue
         # the last command this backend enqueued on the queue, None once finished
-        self.last: Any = None
+        self.last = None
         # the (event, host object) pairs of the queue's async host copies in enqueue order,
         # kept until the copy completes (an in-order queue completes them in that order)
-        self.keep: deque[tuple[Any, Any]] = deque()
+        self.keep = deque()
         self.views = device.svm
         self.wrap_host = device.cl.SVM
         self.svm_memcpy = device.svm_memcpy
@@ -132,7 +151,7 @@ class _CLStream(SVMStreamOps):
         return status == _CL_COMPLETE
 
     # synchronize: QueueStreamOps's (compiled where it can be), with these two
-    def missing(self) -> None:
+    def missing(self) -> NoReturn:
         """Raise the ``ValueError`` of an unknown handle (the stream was destroyed)."""
         raise _no_stream(self.device.index, self.handle)
 
@@ -140,8 +159,8 @@ class _CLStream(SVMStreamOps):
         """Raise ``AcceleratorError`` for a PyOpenCL error in ``call``."""
         _raise_driver_error(call, exc)
 
-    def record(self, event: Any) -> None:
-        """Enqueue a marker on the queue: the event's new marker."""
+    def record(self, event: QueueEvent) -> None:
+        """Enqueue a marker on the queue: the new marker of the event (an ``OpenCLEvent``)."""
         queue = self.queue
         if queue is None:
             raise _no_stream(self.device.index, self.handle)
@@ -153,11 +172,11 @@ class _CLStream(SVMStreamOps):
             raise
 
     # memcpy_async: _SVMStream's (compiled where it can be), with these two
-    def device_view(self, address: int, nbytes: int) -> Any:
+    def device_view(self, address: int, nbytes: int) -> pyopencl.SVMPointer:
         """The ``cl.SVM`` of device memory, made and cached (``_svm``)."""
         return _svm(self.device, address, nbytes)
 
-    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
+    def rescan(self, keep: deque[tuple[CLEvent, memoryview]]) -> None:
         """Forget the host objects of the finished copies at the head of ``keep``.
 
         A copy of host memory calls this once ``keep`` holds ``scan_at`` entries or

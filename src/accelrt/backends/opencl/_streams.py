@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._queue_streams import QueueStreamsEvents
 from ._cl import _CL_COMPLETE, _EXECUTION_STATUS, _import_cl, _raise_driver_error
 from ._devices import _Devices
-from ._queues import OpenCLEvent, _CLStream, _drop_completed, _finish, _svm
+from ._queues import OpenCLEvent, _CLStream, _drop_completed, _finish, _no_stream, _svm
+
+if TYPE_CHECKING:
+    import pyopencl
 
 
-class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
+class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream, OpenCLEvent]):
     """Streams, events, copies, fills and synchronisation of the ``opencl`` backend, on the
     queue backends' shared methods (``QueueStreamsEvents``)."""
 
@@ -26,7 +29,7 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
         state.streams[handle] = state.new_stream(handle)
         return handle
 
-    def queue(self, index: int, stream: int) -> Any:
+    def queue(self, index: int, stream: int) -> pyopencl.CommandQueue:
         """Return the ``pyopencl.CommandQueue`` behind a stream handle (for native interop).
 
         Raises
@@ -34,7 +37,10 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
         ValueError
             If ``stream`` is not a live stream of device ``index``.
         """
-        return self._stream(index, stream).queue
+        queue = self._stream(index, stream).queue
+        if queue is None:  # destroyed by another thread meanwhile
+            raise _no_stream(index, stream)
+        return queue
 
     def native_stream(self, index: int, stream: int) -> int:
         """Return the ``cl_command_queue`` behind a stream handle, as an int (``Stream.
@@ -42,18 +48,21 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
         """
         return int(self.queue(index, stream).int_ptr)
 
-    def _wait_destroyed(self, found: _CLStream, queue: Any) -> None:
-        """``stream_destroy``'s wait: finish the queue (``clFinish``)."""
-        queue.finish()
+    def _wait_destroyed(self, found: _CLStream) -> None:
+        """``stream_destroy``'s wait: take the queue (None from then on) and finish it
+        (``clFinish``)."""
+        queue, found.queue = found.queue, None
+        if queue is not None:  # (popped once: it is)
+            queue.finish()
 
-    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+    def stream_wait_event(self, index: int, stream: int, event: OpenCLEvent) -> None:
         """Enqueue a barrier that waits for the event's marker."""
         if event.marker is not None:
             found = self._stream(index, stream)
             found.last = _import_cl().enqueue_barrier(found.queue, wait_for=[event.marker])
 
     # events
-    def event_query(self, event: Any) -> bool:
+    def event_query(self, event: OpenCLEvent) -> bool:
         """True if unrecorded or the marker has completed."""
         marker = event.marker
         if marker is None:
@@ -65,22 +74,23 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream]):
             raise
         return status == _CL_COMPLETE
 
-    def event_synchronize(self, event: Any) -> None:
+    def event_synchronize(self, event: OpenCLEvent) -> None:
         """``clWaitForEvents`` on the marker; forget the host objects of the stream's copies
         that have finished (those before the marker have)."""
         marker = event.marker
         if marker is not None:
             try:
                 marker.wait()
-                keep = event.stream.keep
-                if keep:
-                    _drop_completed(keep)
+                stream = event.stream  # recorded with the marker
+                if stream is not None and stream.keep:
+                    _drop_completed(stream.keep)
             except Exception as exc:
                 _raise_driver_error("event_synchronize", exc)
                 raise
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+    def event_elapsed_ms(self, start: OpenCLEvent, end: OpenCLEvent) -> float:
         """Difference of the markers' profiled end times, in milliseconds."""
+        assert start.marker is not None and end.marker is not None  # Event checks: recorded
         return float(end.marker.profile.end - start.marker.profile.end) / 1e6
 
     # copies: memcpy_async is QueueStreamsEvents' (_CLStream's memcpy_async, its base's, and

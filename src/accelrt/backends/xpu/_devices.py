@@ -6,13 +6,18 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
 from ..._text import error_line
-from .._base import dtypes, visible_devices
+from .._base import DType, dtypes, visible_devices
 from ._queues import _complete, _XPUStream
 from ._sycl import INSTALL_HINT, _icd_note, _import_dpctl
+
+if TYPE_CHECKING:
+    from dpctl import SyclContext, SyclDevice, SyclQueue
+    from dpctl.memory import MemoryUSMDevice, MemoryUSMHost
 
 KDL_ONEAPI = 14
 """DLPack's device type of SYCL (oneAPI) memory."""
@@ -26,7 +31,7 @@ class _USMRange:
 
     __slots__ = ("__sycl_usm_array_interface__",)
 
-    def __init__(self, ptr: int, nbytes: int, syclobj: Any) -> None:
+    def __init__(self, ptr: int, nbytes: int, syclobj: SyclContext) -> None:
         self.__sycl_usm_array_interface__ = {
             "data": (ptr, False),
             "shape": (nbytes,),
@@ -45,29 +50,29 @@ class _XPUDevice:
         "views",
     )  # fmt: skip
 
-    def __init__(self, dpctl: Any, device: Any, index: int) -> None:
+    def __init__(self, dpctl: ModuleType, device: SyclDevice, index: int) -> None:
         self.dpctl = dpctl
         self.device = device
         self.index = index
-        self.context = dpctl.SyclContext(device)
+        self.context: SyclContext = dpctl.SyclContext(device)
         self.complete = dpctl.event_status_type.complete
         if not _complete:
             _complete.append(self.complete)
-        self.allocations: dict[int, Any] = {}
+        self.allocations: dict[int, MemoryUSMDevice] = {}
         self.held = 0
         # (pointer, bytes) -> a dpctl MemoryUSMDevice view of that range (copies use it);
         # building one costs ~15 us, so it is kept until memory is freed or the cache fills
-        self.views: dict[tuple[int, int], Any] = {}
+        self.views: dict[tuple[int, int], MemoryUSMDevice] = {}
         self.streams: dict[int, _XPUStream] = {}
         self.streams[0] = _XPUStream(self, 0, self.new_queue(), owned=True)
 
-    def new_queue(self) -> Any:
+    def new_queue(self) -> SyclQueue:
         """Return a new in-order, profiling queue of the device in its context."""
         return self.dpctl.SyclQueue(
             self.context, self.device, property=["in_order", "enable_profiling"]
         )
 
-    def view(self, ptr: int, nbytes: int) -> Any:
+    def view(self, ptr: int, nbytes: int) -> MemoryUSMDevice:
         """Return (and cache) a dpctl ``MemoryUSMDevice`` over ``[ptr, ptr + nbytes)``."""
         views = self.views
         if len(views) >= _VIEW_CACHE_SIZE:
@@ -96,14 +101,14 @@ class _Devices:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sycl_devices: list[Any] | None = None
+        self._sycl_devices: list[SyclDevice] | None = None
         self._reason: str | None = None
         self._state: dict[int, _XPUDevice] = {}
         self._next_stream = 1
-        self._host: dict[int, tuple[int, Any]] = {}
+        self._host: dict[int, tuple[int, MemoryUSMHost]] = {}
 
     # ------------------------------------------------------------------ discovery
-    def _probe(self) -> tuple[list[Any], str | None]:
+    def _probe(self) -> tuple[list[SyclDevice], str | None]:
         try:
             dpctl = _import_dpctl()
         except ImportError as exc:
@@ -144,7 +149,7 @@ class _Devices:
             )
         return [], f"dpctl sees no SYCL device: {why}"
 
-    def _devices(self) -> list[Any]:
+    def _devices(self) -> list[SyclDevice]:
         if self._sycl_devices is None:
             with self._lock:
                 if self._sycl_devices is None:
@@ -181,7 +186,7 @@ class _Devices:
         """Return True if device ``index`` is a GPU."""
         return bool(self._devices()[index].is_gpu)
 
-    def sycl_device(self, index: int) -> Any:
+    def sycl_device(self, index: int) -> SyclDevice:
         """Return the ``dpctl.SyclDevice`` of device ``index`` (for native interop)."""
         return self._devices()[index]
 
@@ -218,7 +223,7 @@ class _Devices:
             },
         )
 
-    def supported_dtypes(self, index: int) -> frozenset[Any]:
+    def supported_dtypes(self, index: int) -> frozenset[DType]:
         """Integers, bool, float32 and complex64; float64/complex128 with the ``fp64`` aspect,
         float16 with ``fp16``."""
         dev = self._devices()[index]
@@ -246,7 +251,7 @@ class _Devices:
                     self._state[index] = state
         return state
 
-    def context(self, index: int) -> Any:
+    def context(self, index: int) -> SyclContext:
         """Return the device's ``dpctl.SyclContext``: every stream's queue and all memory of
         the backend belong to it (for native interop)."""
         return self._dev(index).context

@@ -4,21 +4,26 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 from .._queue_streams import QueueEvent, no_stream
 from ._sycl import _raise_driver_error
+
+if TYPE_CHECKING:
+    from dpctl import SyclEvent, SyclQueue, event_status_type
+    from dpctl.memory import MemoryUSMDevice
 
 
 class _XPUDevice(Protocol):
     """What the per-queue objects use of a device's state (``_devices._XPUDevice``)."""
 
-    dpctl: Any  # the dpctl module
+    dpctl: ModuleType  # the dpctl module
     index: int
-    complete: Any  # dpctl.event_status_type.complete
-    views: dict[tuple[int, int], Any]
+    complete: event_status_type  # dpctl.event_status_type.complete
+    views: dict[tuple[int, int], MemoryUSMDevice]
 
-    def view(self, ptr: int, nbytes: int) -> Any: ...
+    def view(self, ptr: int, nbytes: int) -> MemoryUSMDevice: ...
 
 
 # a copy of host memory forgets the finished ones at the head of its queue's list once it holds
@@ -31,9 +36,11 @@ class XPUEvent(QueueEvent):
     before the first) and the ``_XPUStream`` it was recorded on."""
 
     __slots__ = ()
+    marker: SyclEvent | None
+    stream: _XPUStream | None
 
 
-_complete: list[Any] = []  # dpctl.event_status_type.complete, once dpctl is imported
+_complete: list[event_status_type] = []  # dpctl.event_status_type.complete, once dpctl is imported
 
 
 def _no_stream(index: int, stream: int) -> ValueError:
@@ -50,14 +57,21 @@ class _XPUStream:
 
     __slots__ = ("complete", "device", "handle", "keep", "last", "owned", "queue")
 
-    def __init__(self, device: _XPUDevice, handle: int, queue: Any, owned: bool) -> None:
+    def __init__(self, device: _XPUDevice, handle: int, queue: SyclQueue, owned: bool) -> None:
         self.device = device
         self.handle = handle
-        self.queue: Any = queue
+        self.queue: SyclQueue | None = queue
         self.owned = owned  # False for a queue adopted from the user (Stream.from_handle)
-        self.last: Any = None
-        self.keep: deque[tuple[Any, Any]] = deque()
+        self.last: SyclEvent | None = None
+        self.keep: deque[tuple[SyclEvent, memoryview]] = deque()
         self.complete = device.complete
+
+    def live_queue(self) -> SyclQueue:
+        """The queue; the ``ValueError`` of an unknown handle once the stream was destroyed."""
+        queue = self.queue
+        if queue is None:
+            raise _no_stream(self.device.index, self.handle)
+        return queue
 
     def query(self) -> bool:
         """Whether the last command accelrt submitted has completed (work submitted directly
@@ -90,8 +104,8 @@ class _XPUStream:
             raise
         self.last = None
 
-    def record(self, event: Any) -> None:
-        """Submit a barrier: the event's new marker."""
+    def record(self, event: QueueEvent) -> None:
+        """Submit a barrier: the new marker of the event (an ``XPUEvent``)."""
         queue = self.queue
         if queue is None:
             raise _no_stream(self.device.index, self.handle)
@@ -108,7 +122,7 @@ class _XPUStream:
         if queue is None:
             raise _no_stream(self.device.index, self.handle)
         views = self.device.views
-        host: Any = None
+        host: memoryview | None = None
         try:
             if isinstance(dst, int):
                 target = views.get((dst, nbytes))
@@ -133,7 +147,7 @@ class _XPUStream:
             keep.append((event, host))
 
 
-def _drop_completed(keep: deque[tuple[Any, Any]], complete: Any) -> None:
+def _drop_completed(keep: deque[tuple[SyclEvent, memoryview]], complete: event_status_type) -> None:
     """Forget the host objects of the finished copies at the head of ``keep``."""
     while keep:
         entry = keep[0]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..._errors import AcceleratorError
 from .._queue_streams import QueueStreamsEvents
@@ -11,8 +11,11 @@ from ._devices import _Devices
 from ._queues import XPUEvent, _complete, _drop_completed, _XPUStream
 from ._sycl import _describe, _memset_lib, _raise_driver_error
 
+if TYPE_CHECKING:
+    from dpctl import SyclQueue
 
-class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
+
+class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream, XPUEvent]):
     """The ``xpu`` backend's own stream methods (adopted queues among them), events, fills
     and synchronisation; ``QueueStreamsEvents`` has those both queue backends share."""
 
@@ -28,7 +31,7 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
         state.streams[handle] = _XPUStream(state, handle, state.new_queue(), owned=True)
         return handle
 
-    def adopt_queue(self, index: int, queue: Any) -> int:
+    def adopt_queue(self, index: int, queue: SyclQueue) -> int:
         """Give a user's ``dpctl.SyclQueue`` a stream handle of device ``index``.
 
         Parameters
@@ -81,12 +84,12 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
             state.streams[handle] = _XPUStream(state, handle, queue, owned=False)
         return handle
 
-    def queue(self, index: int, stream: int) -> Any:
+    def queue(self, index: int, stream: int) -> SyclQueue:
         """Return the ``dpctl.SyclQueue`` behind a stream handle (for native interop).
 
         Raises ``ValueError`` if ``stream`` is not a live stream of device ``index``.
         """
-        return self._stream(index, stream).queue
+        return self._stream(index, stream).live_queue()
 
     def native_stream(self, index: int, stream: int) -> int:
         """Return the ``DPCTLSyclQueueRef`` of a stream's queue as an int (``Stream.
@@ -94,21 +97,22 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
         """
         return int(self.queue(index, stream).addressof_ref())
 
-    def _wait_destroyed(self, found: _XPUStream, queue: Any) -> None:
-        """``stream_destroy``'s wait: ``queue.wait()``, unless the queue is a user's (adopted:
-        only forgotten)."""
-        if found.owned:
+    def _wait_destroyed(self, found: _XPUStream) -> None:
+        """``stream_destroy``'s wait: take the queue (None from then on) and ``queue.wait()``,
+        unless the queue is a user's (adopted: only forgotten)."""
+        queue, found.queue = found.queue, None
+        if found.owned and queue is not None:  # (popped once: it is)
             queue.wait()
 
-    def stream_wait_event(self, index: int, stream: int, event: Any) -> None:
+    def stream_wait_event(self, index: int, stream: int, event: XPUEvent) -> None:
         """Submit a barrier that waits for the event's marker (``submit_barrier([marker])``)."""
         marker = event.marker
         if marker is not None:
             found = self._stream(index, stream)
-            found.last = found.queue.submit_barrier([marker])
+            found.last = found.live_queue().submit_barrier([marker])
 
     # ------------------------------------------------------------------ events
-    def event_query(self, event: Any) -> bool:
+    def event_query(self, event: XPUEvent) -> bool:
         """True if unrecorded or the marker's execution status is ``complete``."""
         marker = event.marker
         if marker is None:
@@ -120,7 +124,7 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
             raise
         return done
 
-    def event_synchronize(self, event: Any) -> None:
+    def event_synchronize(self, event: XPUEvent) -> None:
         """``SyclEvent.wait()`` on the marker; forget the finished copies of its stream."""
         marker = event.marker
         if marker is not None:
@@ -133,8 +137,9 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
             if stream is not None and stream.keep:
                 _drop_completed(stream.keep, stream.complete)
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+    def event_elapsed_ms(self, start: XPUEvent, end: XPUEvent) -> float:
         """Difference of the markers' profiled end times (ns), in milliseconds."""
+        assert start.marker is not None and end.marker is not None  # Event checks: recorded
         return float(end.marker.profiling_info_end - start.marker.profiling_info_end) / 1e6
 
     # ------------------------------------------------------------------ copies
@@ -143,7 +148,7 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream]):
         """``sycl::queue::memset`` (``DPCTLQueue_Memset``), then a barrier as the stream's last
         command (what ``query`` asks)."""
         found = self._stream(index, stream)
-        queue = found.queue
+        queue = found.live_queue()
         lib = _memset_lib(found.device.dpctl)
         ref = lib.DPCTLQueue_Memset(queue.addressof_ref(), ptr, value & 0xFF, nbytes)
         if not ref:

@@ -8,10 +8,14 @@ import ctypes
 import glob
 import os
 import sys
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ..._errors import AcceleratorError
 from ..._text import error_line
+
+if TYPE_CHECKING:
+    from dpctl import SyclDevice
 
 INSTALL_HINT = "pip install 'accelrt[xpu]'"
 """How to install what the backend needs (dpctl and Intel's OpenCL CPU runtime)."""
@@ -50,7 +54,7 @@ def setup_icd() -> str | None:
     return found[-1]
 
 
-def _import_dpctl() -> Any:
+def _import_dpctl() -> ModuleType:
     """Set up the ICD (once), then import dpctl and dpctl.memory."""
     if not _icd_note:
         path = setup_icd()
@@ -58,10 +62,11 @@ def _import_dpctl() -> Any:
     import dpctl
     import dpctl.memory
 
-    return dpctl
+    module: ModuleType = dpctl
+    return module
 
 
-def _describe(device: Any) -> str:
+def _describe(device: SyclDevice) -> str:
     """A SYCL device in words: its filter string and name (a sub-device has no filter)."""
     try:
         where = repr(str(device.filter_string))
@@ -76,10 +81,10 @@ def _raise_driver_error(call: str, exc: Exception) -> None:
         raise AcceleratorError(f"SYCL {call} failed: {error_line(exc)}") from exc
 
 
-_dpctl_lib: list[Any] = []
+_dpctl_lib: list[ctypes.CDLL] = []
 
 
-def _memset_lib(dpctl: Any) -> Any:
+def _memset_lib(dpctl: ModuleType) -> ctypes.CDLL:
     """dpctl's C interface with ``DPCTLQueue_Memset`` and ``DPCTLEvent_Delete`` typed."""
     if not _dpctl_lib:
         lib = ctypes.CDLL(os.path.join(dpctl.__path__[0], "libDPCTLSyclInterface.so"))

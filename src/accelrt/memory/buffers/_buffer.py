@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, SupportsIndex, TypeVar
 
 from ..._device import Device
 from .._atomic import PENDING, deliver, register
@@ -17,6 +17,7 @@ from ..device._core import native
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
     from ..._stream import Stream
     from ..device._allocator import CachingAllocator
@@ -40,6 +41,8 @@ class _Owning(Protocol[_B, _A]):
     def _block(self) -> _B | None: ...
     @property
     def _allocator(self) -> _A | None: ...
+    @property
+    def nbytes(self) -> int: ...
     def _no_block_error(self) -> ValueError: ...
 
 
@@ -51,7 +54,7 @@ class ArrayOwner:
 
     __slots__ = ("__array_interface__", "owner")
 
-    def __init__(self, interface: dict[str, Any], owner: object) -> None:
+    def __init__(self, interface: dict[str, object], owner: object) -> None:
         self.__array_interface__ = interface
         self.owner = owner
 
@@ -64,9 +67,10 @@ class MemoryHandle:
     __slots__ = ()
     nbytes: int
 
-    if TYPE_CHECKING:
+    if TYPE_CHECKING:  # a field of each handle (Buffer's two cores, HostBuffer)
+        _pin: ExportPin | weakref.ref[ExportPin] | None
 
-        def _host_memory(self) -> Any: ...
+        def _host_memory(self) -> memoryview: ...
 
     @property
     def block(self: _Owning[_B, _A]) -> _B:
@@ -97,10 +101,9 @@ class MemoryHandle:
         return allocator
 
     @property
-    def freed(self) -> bool:
+    def freed(self: _Owning[object, object]) -> bool:
         """True once the memory has been given back."""
-        handle: Any = self  # a Buffer or HostBuffer: both have _block
-        return handle._block is None and self.nbytes > 0
+        return self._block is None and self.nbytes > 0
 
     def free(self) -> None:
         """Give the memory back to its caching allocator, or to the exports that still view
@@ -127,7 +130,7 @@ class MemoryHandle:
             if PENDING.flag:
                 deliver()
 
-    def numpy(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def numpy(self) -> npt.NDArray[np.uint8]:
         """Return a zero-copy ``uint8`` numpy view of the memory.
 
         Returns
@@ -157,7 +160,7 @@ class MemoryHandle:
             return np.empty(0, dtype=np.uint8)
         return self._exported_array(self._host_memory())
 
-    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+    def __dlpack__(self, *, stream: object = None, **kwargs: Any) -> object:
         """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
 
         The capsule is numpy's, of a ``numpy()`` view: it keeps the memory as that view does
@@ -180,7 +183,7 @@ class MemoryHandle:
     def __exit__(self, *exc_info: object) -> None:
         self.free()
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         """Refuse ``copy.copy``, ``copy.deepcopy`` and ``pickle``: two handles owning one block
         would free it twice, the second time perhaps after another buffer got the memory.
 
@@ -200,8 +203,7 @@ class MemoryHandle:
 
     def _live_pin(self) -> ExportPin | None:
         """The pin of this handle's live exports, or None when there is none."""
-        handle: Any = self  # a Buffer or HostBuffer: both have _pin, _block and _allocator
-        held: ExportPin | weakref.ref[ExportPin] | None = handle._pin
+        held = self._pin
         if held is None or isinstance(held, ExportPin):  # kept for the handle's lifetime
             return held
         return held()  # a weak reference: None once the last export died
@@ -215,7 +217,7 @@ class MemoryHandle:
                 pin = self._live_pin()
                 if pin is None:
                     pin = ExportPin()
-                    handle: Any = self
+                    handle: Any = self  # (mypy: _pin is in the subclasses' __slots__)
                     handle._pin = weakref.ref(pin)
         return pin
 
@@ -235,7 +237,7 @@ class MemoryHandle:
             if PENDING.flag:
                 deliver()
 
-    def _exported_array(self, view: Any) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def _exported_array(self, view: memoryview) -> npt.NDArray[np.uint8]:
         """A ``uint8`` numpy array over ``view`` (a writable buffer of the memory) that holds
         this handle and its export pin: the memory outlives ``free()`` while the array (or a
         slice of it, or a DLPack capsule of it) lives."""
@@ -379,7 +381,7 @@ class _BufferAPI(MemoryHandle):
         return ValueError(f"{self!r} holds no memory (freed or empty)")
 
     @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
+    def __cuda_array_interface__(self) -> dict[str, object]:
         """The CUDA Array Interface (version 3) of the memory, on ``cuda`` buffers only.
 
         A 1-D ``uint8`` array: ``shape`` ``(nbytes,)``, ``typestr`` ``"|u1"``, ``data``
@@ -409,7 +411,7 @@ class _BufferAPI(MemoryHandle):
         return {**self._pinned_array_interface(version=3), "stream": stream._handle or 1}
 
     @property
-    def __sycl_usm_array_interface__(self) -> dict[str, Any]:
+    def __sycl_usm_array_interface__(self) -> dict[str, object]:
         """The SYCL USM Array Interface (version 1) of the memory, on ``xpu`` buffers only.
 
         A 1-D ``uint8`` array as dpctl and dpnp read it: ``shape`` ``(nbytes,)``, ``typestr``
@@ -446,7 +448,7 @@ class _BufferAPI(MemoryHandle):
             )
         return stream
 
-    def _pinned_array_interface(self, version: int) -> dict[str, Any]:
+    def _pinned_array_interface(self, version: int) -> dict[str, object]:
         """The fields the CUDA and SYCL USM array interfaces share: the memory as a writable,
         C-contiguous 1-D ``uint8`` array. Pins the block to the buffer first (it outlives
         ``free()`` until the buffer is collected); ``ValueError`` if the buffer was freed."""
@@ -481,7 +483,7 @@ class _BufferAPI(MemoryHandle):
         dl_device: tuple[int, int] | None = None,
         copy: bool | None = None,
         **kwargs: Any,
-    ) -> Any:
+    ) -> object:
         """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
 
         Parameters
@@ -576,7 +578,7 @@ class _BufferAPI(MemoryHandle):
         owner = (self, self._export_pin())
         return _dlpack.to_capsule(self.ptr, self.nbytes, device[0], device[1], owner, versioned)
 
-    def _host_memory(self) -> Any:
+    def _host_memory(self) -> memoryview:
         """``numpy()``'s writable buffer of the memory (the backend's host view of it); a
         ``ValueError`` if it was freed, a ``TypeError`` if it is not host-accessible."""
         block = self.block

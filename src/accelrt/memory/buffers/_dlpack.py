@@ -81,7 +81,9 @@ class DLManagedTensorVersioned(ctypes.Structure):
     ]
 
 
-_LIVE: dict[int, tuple[Any, Any, object]] = {}  # struct address -> (struct, shape, owner)
+_LIVE: dict[
+    int, tuple[DLManagedTensor | DLManagedTensorVersioned, ctypes.Array[ctypes.c_int64], object]
+] = {}  # struct address -> (struct, shape, owner)
 _lock = threading.Lock()
 
 
@@ -128,7 +130,7 @@ _DESTRUCTOR = _Destructor(_destroy_capsule)
 
 def to_capsule(
     ptr: int, nbytes: int, device_type: int, device_id: int, owner: object, versioned: bool
-) -> Any:
+) -> object:
     """Return a DLPack capsule of the 1-D ``uint8`` tensor ``[ptr, ptr + nbytes)``.
 
     Parameters

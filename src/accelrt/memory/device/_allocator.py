@@ -39,12 +39,14 @@ from .._policy import (
     K_SMALL_SIZE,
     MAX_REQUEST_BYTES,
     UNLIMITED,
+    page_floor,
     page_size,
     round_size,
     segment_size,
     should_split,
 )
 from ..history._history import (
+    Annotation,
     BlockInfo,
     ContextMode,
     EnabledMode,
@@ -53,8 +55,10 @@ from ..history._history import (
     TraceEntry,
     frames_to_dicts,
 )
+from ._arenas import SharedArenas
 from ._block import (
     DEFAULT_POOL_ID,
+    SHARED_STREAM,
     AnySegment,
     Block,
     BlockPool,
@@ -72,17 +76,29 @@ __all__ = ["CachingAllocator"]
 
 
 class _PrivatePool:
-    """The free lists of one ``MemPool`` on this device, and whether its owner still exists."""
+    """The free lists of one ``MemPool`` on this device, whether its owner still exists, and
+    its options (``MemPool(allocator=, use_on_oom=, no_split=)``; device/_pool.py)."""
 
-    __slots__ = ("large", "owner_alive", "small")
+    __slots__ = ("large", "no_split", "owner_alive", "small", "source", "use_on_oom")
 
-    def __init__(self, pool_id: PoolId, pool_type: type[BlockPool]) -> None:
+    def __init__(
+        self,
+        pool_id: PoolId,
+        pool_type: type[BlockPool],
+        *,
+        no_split: bool = False,
+        use_on_oom: bool = False,
+        source: MemorySource | None = None,
+    ) -> None:
         self.small = pool_type(is_small=True, pool_id=pool_id)
         self.large = pool_type(is_small=False, pool_id=pool_id)
         self.owner_alive = True
+        self.no_split = no_split  # blocks are handed out whole, never split
+        self.use_on_oom = use_on_oom  # free blocks serve default-pool requests that ran out
+        self.source = source  # where its segments come from; None: the device's source
 
 
-class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
+class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
     """The caching allocator of one device.
 
     Parameters
@@ -140,6 +156,12 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         self._expandable = False
         self.stats = DeviceStats(-1, self._Stat, self._StatArray)
         self._warned_expandable = False
+        self._arenas = False  # policy:accelrt in force (section 16)
+        self._warned_policy = False
+        self._clock = 0
+        self._floor_page = 0
+        self._floor_peak = 0
+        self._reset_arenas()
         self._observer: History | None = None
         protect_sigint()
         self.set_config(config if config is not None else AllocatorConfig())
@@ -154,24 +176,30 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         """Apply new settings to future requests; cached blocks stay as they are.
 
         A ``per_process_memory_fraction`` in the config sets the memory fraction when it
-        changes. ``expandable_segments`` needs a backend with virtual memory: on one without,
-        it warns once (naming the reason) and ordinary segments are used.
+        changes. ``expandable_segments`` and ``policy:accelrt`` need a backend with virtual
+        memory: on one without, each warns once (naming the reason) and ordinary segments and
+        PyTorch's policy are used. ``policy:accelrt`` warns once about the settings it ignores.
         """
         with self._lock:
             self.config = config
+            self._arenas = self._use_arenas(config)
+            self._floor_page = config.large_segment_size if self._arenas else 0
             max_split = config.max_split_size if config.max_split_size is not None else UNLIMITED
+            if self._arenas:
+                max_split = UNLIMITED
             if max_split != self._max_split:
                 self._max_split = max_split
                 self._recount_oversize()
-            self.stats.max_split_size = (
-                config.max_split_size if config.max_split_size is not None else -1
-            )
+            self.stats.max_split_size = -1 if max_split == UNLIMITED else max_split
             fraction = config.per_process_memory_fraction
             if fraction is not None and fraction != self._fraction_from_config:
                 self.set_memory_fraction(fraction)
             self._fraction_from_config = fraction
-            self._expandable = config.expandable_segments and self._source.supports_expandable
-            if config.expandable_segments and not self._expandable and not self._warned_expandable:
+            self._expandable = self._arenas or (
+                config.expandable_segments and self._source.supports_expandable
+            )
+            wants_expandable = config.expandable_segments and config.policy == "pytorch"
+            if wants_expandable and not self._expandable and not self._warned_expandable:
                 self._warned_expandable = True
                 warnings.warn(
                     f"{self.device_name}: expandable segments need virtual memory (reserving "
@@ -180,6 +208,47 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
                     RuntimeWarning,
                     stacklevel=3,
                 )
+
+    def _use_arenas(self, config: AllocatorConfig) -> bool:
+        """Whether ``config`` puts policy:accelrt in force here; warns once where it cannot be
+        (no virtual memory) and once about the settings it ignores."""
+        if config.policy != "accelrt":
+            return False
+        if not self._source.supports_expandable:
+            if not self._warned_policy:
+                self._warned_policy = True
+                warnings.warn(
+                    f"{self.device_name}: policy:accelrt maps pages into reserved address "
+                    f"space, which needs virtual memory; the {self.backend.name!r} backend has "
+                    "none, so PyTorch's policy (policy:pytorch) is used",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return False
+        default = AllocatorConfig()
+        ignored = [
+            key
+            for key, differs in (
+                ("max_split_size_mb", config.max_split_size is not None),
+                (
+                    "max_non_split_rounding_mb",
+                    config.max_non_split_rounding != default.max_non_split_rounding,
+                ),
+                ("garbage_collection_threshold", config.garbage_collection_threshold > 0),
+                ("expandable_segments", config.expandable_segments),
+            )
+            if differs
+        ]
+        if ignored and not self._warned_policy:
+            self._warned_policy = True
+            warnings.warn(
+                f"{self.device_name}: policy:accelrt ignores {', '.join(ignored)} (its arenas "
+                "are always expandable and never keep blocks from splitting); memory_stats() "
+                "shows max_split_size -1",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return True
 
     def _recount_oversize(self) -> None:
         """Make the oversize statistics count by the new ``max_split_size`` (no stat drifts)."""
@@ -286,8 +355,17 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         return private.small if size <= K_SMALL_SIZE else private.large
 
     def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
-        alloc_size = segment_size(size, self.config.large_segment_size)
-        if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
+        if self._arenas and self._source_of(pool) is self._source:
+            self._note_request(pool, size, nbytes)
+            adopted = self._adopt(pool, size, stream)
+            if adopted is not None:
+                return adopted
+        if self._arenas and self._source_of(pool) is self._source:  # its map: whole pages
+            alloc_size = -(-size // K_SMALL_BUFFER) * K_SMALL_BUFFER
+        else:
+            alloc_size = segment_size(size, self.config.large_segment_size)
+        gc = self.config.garbage_collection_threshold > 0 and not self._arenas
+        if self._allowed_max is not None and gc:
             self._garbage_collect()
         block = self._grow(pool, size, alloc_size, stream, is_retry=False)
         if block is None and self._release_available_cached_blocks(pool, size, stream):
@@ -295,9 +373,25 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         if block is None:
             self._release_cached_blocks()
             block = self._grow(pool, size, alloc_size, stream, is_retry=True)
+        if block is None and pool.pool_id is DEFAULT_POOL_ID and self._private:
+            block = self._borrow_on_oom(size, stream)
         if block is None:
             raise self._out_of_memory(nbytes, size, alloc_size, stream)
         return block
+
+    def _borrow_on_oom(self, size: int, stream: int) -> Block | None:
+        """The last resort of a default-pool request: a free block of a ``use_on_oom`` pool.
+
+        Pools are tried in creation order; only their free blocks (no new memory). Mirrors the
+        ``use_on_oom_pools`` step of PyTorch's ``DeviceCachingAllocator::malloc``.
+        """
+        for private in self._private.values():
+            if private.use_on_oom and private.owner_alive:
+                pool = private.small if size <= K_SMALL_SIZE else private.large
+                block = self._get_free_block(pool, size, stream)
+                if block is not None:
+                    return block
+        return None
 
     def _get_free_block(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
@@ -318,7 +412,9 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         return block
 
     def _expandable_candidate(self, pool: BlockPool, size: int, stream: int) -> Block | None:
-        """Best fit when the first candidate is in an expandable segment (section 3)."""
+        """Best fit when the first candidate is in an expandable segment (section 3).
+
+        Compiled twin: device/_native.pyx ``BlockPool.expandable_fit``."""
         candidates = pool.candidates(stream, size)
         current = next(candidates)
         if not self._expandable:  # switched off after some were made: skip their blocks
@@ -340,11 +436,22 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         """Get fresh memory for a request of ``size`` rounded bytes: step 4 of the ladder."""
         if is_retry:
             self.stats.num_alloc_retries += 1
+        own_source = self._source_of(pool) is self._source  # not a MemPool's own allocator
+        if self._arenas and own_source:
+            return self._grow_arena(pool, size, stream)
         if self._fraction_refuses(alloc_size):
             return None
-        if self._expandable:
+        if self._expandable and own_source:
             return self._grow_expandable(pool, size, stream)
         return self._new_segment(pool, alloc_size, stream)
+
+    def _source_of(self, pool: BlockPool) -> MemorySource:
+        """Where the pool's ordinary segments come from: its ``MemPool``'s allocator, if it
+        has one, else the device."""
+        if pool.pool_id is DEFAULT_POOL_ID:
+            return self._source
+        private = self._private.get(pool.pool_id)
+        return self._source if private is None or private.source is None else private.source
 
     def _count_device_memory(self, pool: BlockPool, nbytes: int) -> None:
         """Count ``nbytes`` newly held from the device (a segment or mapped pages), or with
@@ -363,7 +470,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
 
     def _new_segment(self, pool: BlockPool, alloc_size: int, stream: int) -> Block | None:
         """An ordinary segment of ``alloc_size`` bytes as one free block; None when full."""
-        segment = self._source.allocate(alloc_size, stream, pool)
+        segment = self._source_of(pool).allocate(alloc_size, stream, pool)
         if segment is None:
             return None
         self._segments[segment.address] = segment
@@ -419,15 +526,27 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         pool.insert_unmapped(block)
         return block
 
-    def _map_block(self, block: Block, nbytes: int) -> bool:
-        """Map the pages under the first ``nbytes`` of an unmapped block; False when full."""
+    def _map_block(
+        self, block: Block, nbytes: int, at: int | None = None, owner: int | None = None
+    ) -> bool:
+        """Map the pages under ``nbytes`` of an unmapped block from ``at`` (a page boundary;
+        default its start), owned by ``owner`` (default its stream); False when full. The
+        block becomes the mapped part, merged with free neighbours of the same owner."""
         segment = block.segment
         assert isinstance(segment, ExpandableSegment)
-        mapped = segment.map(block.address, nbytes)
+        start = block.address if at is None else at
+        mapped = segment.map(start, nbytes)
         if not mapped:
             return False
         pool = block.pool
         pool.remove_unmapped(block)
+        if start > block.address:  # the pages below stay unmapped
+            head = self._Block(block.address, start - block.address, block.stream, pool, segment)
+            head.mapped = False
+            _link_after(block.prev, head, block)
+            pool.insert_unmapped(head)
+            block.size -= start - block.address
+            block.address = start
         block.mapped = True
         if mapped < block.size:
             rest = self._Block(
@@ -437,52 +556,67 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             _link_after(block, rest)
             pool.insert_unmapped(rest)
             block.size = mapped
+        if owner is not None:
+            block.stream = owner
         address = block.address
         self._try_merge(block, block.prev, pool)
         self._try_merge(block, block.next, pool)
+        self._clock += 1
+        block.stamp = self._clock
         pool.insert(block)
         self._count_device_memory(pool, mapped)
         if self._observer is not None:
             self._observer.record("segment_map", address, mapped, block.stream, segment)
         return True
 
-    def _unmap_block(self, block: Block) -> None:
-        """Unmap the whole pages inside a free mapped block (partial pages stay mapped)."""
+    def _unmap_block(self, block: Block, lowest: int | None = None) -> None:
+        """Unmap the whole pages inside a free mapped block from ``lowest`` (default its
+        start) up; partial pages, and the pages below ``lowest``, stay mapped and free."""
         segment = block.segment
         assert isinstance(segment, ExpandableSegment)
-        start, unmapped = segment.unmap(block.address, block.size)
+        first = block.address if lowest is None else lowest
+        start, unmapped = segment.unmap(first, block.address + block.size - first)
         if not unmapped:
             return
         pool = block.pool
         pool.remove(block)
+        owner = block.stream
         before = start - block.address
         if before > 0:
-            head = self._Block(block.address, before, block.stream, pool, segment)
+            head = self._Block(block.address, before, owner, pool, segment)
+            head.stamp = block.stamp
             _link_after(block.prev, head, block)
             pool.insert(head)
         after = block.size - before - unmapped
         if after > 0:
-            tail = self._Block(start + unmapped, after, block.stream, pool, segment)
+            tail = self._Block(start + unmapped, after, owner, pool, segment)
+            tail.stamp = block.stamp
             _link_after(block, tail)
             pool.insert(tail)
         block.address = start
         block.size = unmapped
         block.mapped = False
+        if segment.stream == SHARED_STREAM:  # an arena's unmapped blocks are every stream's
+            block.stream = SHARED_STREAM
         self._try_merge(block, block.prev, pool)
         self._try_merge(block, block.next, pool)
         pool.insert_unmapped(block)
         self._count_device_memory(pool, -unmapped)
         if self._observer is not None:
-            self._observer.record("segment_unmap", start, unmapped, block.stream)
+            self._observer.record("segment_unmap", start, unmapped, owner)
 
     # ------------------------------------------------------------------ handing out blocks
     def _alloc_found_block(self, block: Block, size: int, nbytes: int) -> Block:
         stats = self.stats
         pool = block.pool
         is_small = pool.is_small
+        if self._floor_page:
+            self._note_floor(is_small, size)
         counts_split = not block.segment.is_expandable  # inactive_split skips expandable
         already_split = block.prev is not None or block.next is not None  # hot: no call
-        if should_split(block.size, size, is_small, self._max_split, self._expandable):
+        if should_split(block.size, size, is_small, self._max_split, self._expandable) and (
+            pool.pool_id is DEFAULT_POOL_ID or not self._pool_no_split(pool.pool_id)
+        ):
             remaining = block
             block = self._Block(remaining.address, size, remaining.stream, pool, remaining.segment)
             block.prev = remaining.prev
@@ -492,6 +626,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             remaining.prev = block
             remaining.address += size
             remaining.size -= size
+            self._clock += 1
+            remaining.stamp = self._clock
             pool.insert(remaining)
             if counts_split and already_split:
                 stats.inactive_split_bytes.decrease(is_small, size)
@@ -503,6 +639,19 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             stats.inactive_split.decrease(is_small, 1)
         self._mark_allocated(block, nbytes)
         return block
+
+    def _note_floor(self, is_small: bool, size: int) -> None:
+        """Raise ``_floor_peak`` to the page floor of the live bytes with ``size`` more (a
+        request about to be served): policy:accelrt's budget (docs/allocator.md 16.1)."""
+        large = self.stats.allocated_bytes.large.current
+        small = self.stats.allocated_bytes.small.current
+        if is_small:
+            small += size
+        else:
+            large += size
+        floor = page_floor(large, small, self._floor_page)
+        if floor > self._floor_peak:
+            self._floor_peak = floor
 
     def _mark_allocated(self, block: Block, nbytes: int) -> None:
         """Hand ``block`` out for a request of ``nbytes`` and count it in the statistics."""
@@ -762,6 +911,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             if subsumed:
                 split_blocks_change -= 1
                 split_bytes_change -= subsumed
+        self._clock += 1
+        block.stamp = self._clock
         pool.insert(block)
         if not block.segment.is_expandable:  # inactive_split skips expandable segments
             if block.prev is not None or block.next is not None:  # split (hot: no call)
@@ -802,6 +953,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             or src.event_count > 0
             or src.stream_uses
             or src.mapped is not dst.mapped
+            or src.stream != dst.stream
         ):
             return 0
         if src.mapped:
@@ -868,6 +1020,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
 
     def _release_pool_blocks(self, pool: BlockPool) -> None:
         """Release the pool's unsplit ordinary segments and unmap its expandable free pages."""
+        if self._arena_order:  # a page free under two owners' blocks can go too
+            self._join_owners(pool)
         to_unmap = []
         for block in pool.blocks():
             if block.segment.is_expandable:
@@ -896,7 +1050,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         pool = block.pool
         segment = block.segment
         assert isinstance(segment, Segment)
-        self._source.release(segment)
+        self._source_of(pool).release(segment)
         if self._observer is not None:
             self._observer.record("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
@@ -976,15 +1130,40 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             self._allowed_max,
             self._expandable,
             self._source.supports_expandable,
+            self._arenas,
         )
 
     # ------------------------------------------------------------------ private pools
     @atomic
-    def create_pool(self, pool_id: PoolId) -> None:
-        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist."""
+    def create_pool(
+        self,
+        pool_id: PoolId,
+        *,
+        no_split: bool = False,
+        use_on_oom: bool = False,
+        source: MemorySource | None = None,
+    ) -> None:
+        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist.
+
+        ``no_split``: its blocks are never split (a request takes a whole free block or a new
+        segment). ``use_on_oom``: its free blocks serve default-pool requests that would
+        otherwise raise ``OutOfMemoryError``. ``source``: where its segments come from
+        (``MemPool(allocator=...)``); its segments are then never expandable.
+        """
         with self._lock:
             if pool_id not in self._private:
-                self._private[pool_id] = _PrivatePool(pool_id, self._BlockPool)
+                self._private[pool_id] = _PrivatePool(
+                    pool_id,
+                    self._BlockPool,
+                    no_split=no_split,
+                    use_on_oom=use_on_oom,
+                    source=source,
+                )
+
+    def _pool_no_split(self, pool_id: PoolId) -> bool:
+        """Whether private pool ``pool_id`` hands its blocks out whole (``no_split``)."""
+        private = self._private.get(pool_id)
+        return private is not None and private.no_split
 
     @atomic
     def begin_allocate_to_pool(self, pool_id: PoolId) -> None:
@@ -1059,6 +1238,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         max_entries: int,
         skip_actions: frozenset[str] = frozenset(),
         clear_history: bool = False,
+        global_annotations: bool = False,
     ) -> None:
         """Start (or, with ``enabled=None``, stop and forget) recording history.
 
@@ -1070,7 +1250,22 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
                 self._observer = None
                 return
             previous = None if clear_history else self._observer
-            self._observer = History(enabled, context, max_entries, skip_actions, previous)
+            self._observer = History(
+                enabled, context, max_entries, skip_actions, previous, global_annotations
+            )
+
+    @atomic
+    def record_annotation(self, name: str, stage: str) -> None:
+        """Add one edge of a named stage to the history, if one is recorded (History.annotate)."""
+        with self._lock:
+            if self._observer is not None:
+                self._observer.annotate(name, stage)
+
+    def annotations(self) -> list[Annotation]:
+        """Return the history's named stages as snapshot ``external_annotations`` entries."""
+        with self._lock:
+            observer = self._observer
+            return [] if observer is None else observer.to_annotations(self.device_index)
 
     def snapshot(
         self, pool_id: PoolId | None = None, include_traces: bool = True
@@ -1133,7 +1328,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
             "allocated_size": allocated,
             "active_size": active,
             "requested_size": requested,
-            "stream": segment.stream,
+            # an arena (policy:accelrt) has blocks of several streams: its lowest block's
+            "stream": blocks[0].stream if segment.stream == SHARED_STREAM else segment.stream,
             "segment_type": "small" if segment.is_small else "large",
             "segment_pool_id": segment.pool.pool_id,
             "is_expandable": segment.is_expandable,
@@ -1142,6 +1338,17 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats]):
         }
 
     # ------------------------------------------------------------------ statistics
+    @atomic
+    def reset_peak_memory_stats(self) -> None:
+        """Set every peak to its current value (mirrors ``torch.cuda.reset_peak_memory_stats``).
+
+        policy:accelrt's budget keeps its own high-water mark of requested bytes first, so a
+        reset changes no later decision (docs/allocator.md section 16.1).
+        """
+        with self._lock:
+            self._keep_high_water()
+            self.stats.reset_peak()
+
     @property
     def reserved_bytes(self) -> int:
         """Bytes currently held from the device (ordinary segments and mapped pages)."""

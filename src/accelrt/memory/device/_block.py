@@ -34,6 +34,7 @@ __all__ = [
     "BlockPool",
     "ExpandableSegment",
     "PoolId",
+    "SHARED_STREAM",
     "Segment",
 ]
 
@@ -41,6 +42,8 @@ KEY_SHIFT = 64
 _ADDRESS_MASK = (1 << KEY_SHIFT) - 1
 PoolId = tuple[int, int]
 DEFAULT_POOL_ID: PoolId = (0, 0)
+SHARED_STREAM = -1
+"""The stream of a ``policy:accelrt`` arena and of its unmapped blocks: every stream's."""
 
 
 class Block:
@@ -63,6 +66,7 @@ class Block:
         "requested_size",
         "segment",
         "size",
+        "stamp",
         "stream",
         "stream_uses",
     )
@@ -83,6 +87,7 @@ class Block:
         self.prev: Block | None = None
         self.next: Block | None = None
         self.gc_count_base = 0
+        self.stamp = 0  # when it last entered a free list (the allocator's clock; section 16)
         self.frames: RawFrames | None = None  # the stack that allocated it, when recorded
 
     def is_split(self) -> bool:
@@ -180,6 +185,10 @@ class BlockPool:
             self._blocks[k & _ADDRESS_MASK] for k in keys[: bisect_left(keys, size << KEY_SHIFT)]
         ]
 
+    def streams(self) -> list[int]:
+        """Return the streams that have free mapped blocks in this pool, in ascending order."""
+        return sorted(stream for stream, keys in self._keys.items() if keys)
+
     def blocks(self) -> Iterator[Block]:
         """Iterate over a snapshot of all free mapped blocks in (stream, size, address) order."""
         ordered = [
@@ -248,7 +257,8 @@ class Segment:
 
 
 class ExpandableSegment:
-    """A reserved address range of one (stream, pool) whose pages are mapped on demand.
+    """A reserved address range of one (stream, pool) whose pages are mapped on demand; under
+    ``policy:accelrt``, an arena shared by every stream (``stream`` is ``SHARED_STREAM``).
 
     Attributes
     ----------
@@ -257,7 +267,8 @@ class ExpandableSegment:
     page_size : int
         Bytes per page: 2 MiB for a small pool, 20 MiB for a large one.
     stream : int
-        The stream handle every block of the segment belongs to.
+        The stream handle every block of the segment belongs to, or ``SHARED_STREAM`` for an
+        arena (each block then has its own owner stream).
     pool : BlockPool
         The free list its blocks return to.
 

@@ -51,9 +51,9 @@ def _native_allocator(module: Any) -> type[ReferenceCachingAllocator]:
         "_process_events",
         "_routed_pool",
         "_malloc_slow",
-        "_expandable_candidate",
         "_insert_events",
         "_release_dropped_pool_cache",
+        "_pool_no_split",
     ):
         register(getattr(ReferenceCachingAllocator, method))
     register(History.record)

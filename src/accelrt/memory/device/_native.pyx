@@ -53,6 +53,7 @@ cdef object _DEFAULT_POOL_ID = DEFAULT_POOL_ID
 cdef int64_t K_MIN_BLOCK_SIZE = 512
 cdef int64_t K_MAX_REQUEST_BYTES = 1 << 60
 cdef int64_t K_SMALL_SIZE = 1 << 20
+cdef int64_t K_SMALL_BUFFER = 2 << 20
 cdef object UNLIMITED = 1 << 64
 
 cdef enum:
@@ -152,6 +153,7 @@ cdef class Block:
     """
 
     cdef public int64_t address, size, stream, requested_size, event_count, gc_count_base
+    cdef public int64_t stamp
     cdef public bint allocated, mapped
     cdef public object stream_uses, frames
     cdef public BlockPool pool
@@ -319,6 +321,30 @@ cdef class BlockPool:
             return None
         return <Block>free_list[0][i].block
 
+    cdef Block expandable_fit(self, int64_t stream, int64_t size, bint expandable):
+        """memory/device/_allocator.py ``_expandable_candidate``: the best fit when the first
+        candidate is in an expandable segment (docs/allocator.md section 3); the stream has a
+        block of at least ``size`` bytes."""
+        cdef FreeList* free_list = self.stream_list(stream)
+        cdef size_t i = free_list_lower_bound(free_list[0], size, INT64_MIN)
+        cdef size_t n = free_list.size()
+        cdef Block current = <Block>free_list[0][i].block
+        cdef Block candidate
+        if not expandable:  # switched off after some were made: skip their blocks
+            for i in range(i + 1, n):
+                candidate = <Block>free_list[0][i].block
+                if not candidate._expandable:
+                    return candidate
+            return None
+        for i in range(i + 1, n):
+            if not current._expandable:
+                break
+            candidate = <Block>free_list[0][i].block
+            if _growable_size(candidate) >= _growable_size(current):
+                break
+            current = candidate
+        return current
+
     def insert(self, Block block not None):
         """Add a free mapped block; its garbage-collection age starts now."""
         self.add(block)
@@ -374,6 +400,10 @@ cdef class BlockPool:
     def stream_blocks_below(self, int64_t stream, int64_t size):
         """Return the blocks on ``stream`` smaller than ``size``, by (size, address)."""
         return self._listed(stream, size, True)
+
+    def streams(self):
+        """Return the streams that have free mapped blocks in this pool, in ascending order."""
+        return [item.first for item in self._keys if item.second.size()]
 
     def blocks(self):
         """Iterate over a snapshot of all free mapped blocks in (stream, size, address) order."""
@@ -542,6 +572,8 @@ cdef class HotPath:
     cdef public list _finalized
     cdef public object _allowed_max, _observer
     cdef public bint _expandable
+    cdef public int64_t _clock  # stamps free blocks as they enter a free list (section 16)
+    cdef public int64_t _floor_page, _floor_peak  # policy:accelrt's page floor; 0: not kept
     cdef object _config, _stats
     cdef int64_t _max_split_c, _max_non_split_rounding
     cdef bint _rounds_to_divisions, _gc_configured
@@ -736,7 +768,7 @@ cdef class HotPath:
         if block is None:
             return None
         if block._expandable:
-            block = self._expandable_candidate(pool, size, stream)
+            block = pool.expandable_fit(stream, size, self._expandable)
             if block is None:
                 return None
         cdef int64_t max_split = self._max_split_c
@@ -747,9 +779,27 @@ cdef class HotPath:
         pool.drop(block)
         return block
 
+    cdef inline void note_floor(self, bint is_small, int64_t size) noexcept:
+        """memory/_policy.py ``page_floor`` of the live bytes with ``size`` more, kept as a
+        high-water mark in ``_floor_peak`` (policy:accelrt's budget, docs/allocator.md 16.1)."""
+        cdef int64_t large = self._allocated_bytes.large.current
+        cdef int64_t small = self._allocated_bytes.small.current
+        cdef int64_t page = self._floor_page
+        cdef int64_t floor
+        if is_small:
+            small += size
+        else:
+            large += size
+        floor = (large + page - 1) // page * page
+        floor += (small + K_SMALL_BUFFER - 1) // K_SMALL_BUFFER * K_SMALL_BUFFER
+        if floor > self._floor_peak:
+            self._floor_peak = floor
+
     cdef Block alloc_found_block(self, Block block, int64_t size, int64_t nbytes):
         cdef BlockPool pool = block.pool
         cdef bint is_small = pool.is_small
+        if self._floor_page:
+            self.note_floor(is_small, size)
         cdef bint counts_split = not block._expandable  # inactive_split skips expandable
         cdef bint already_split = block.prev is not None or block.next is not None
         cdef int64_t remaining_bytes = block.size - size
@@ -759,6 +809,8 @@ cdef class HotPath:
             split = remaining_bytes >= K_MIN_BLOCK_SIZE
         else:
             split = size < self._max_split_c and remaining_bytes > K_SMALL_SIZE
+        if split and pool.pool_id is not _DEFAULT_POOL_ID and self._pool_no_split(pool.pool_id):
+            split = False  # a MemPool(no_split=True): blocks go out whole
         if split:
             remaining = block
             block = _split_block(remaining, size, self._spare)
@@ -770,6 +822,8 @@ cdef class HotPath:
             remaining.prev = block
             remaining.address += size
             remaining.size -= size
+            self._clock += 1
+            remaining.stamp = self._clock
             pool.add(remaining)
             if counts_split and already_split:
                 self._inactive_split_bytes.down(is_small, size)
@@ -862,6 +916,8 @@ cdef class HotPath:
             split_blocks_change -= 1
             split_bytes_change -= subsumed
             self.keep_spare(neighbour)
+        self._clock += 1
+        block.stamp = self._clock
         pool.add(block)
         if not block._expandable:  # inactive_split skips expandable segments
             if block.prev is not None or block.next is not None:
@@ -894,6 +950,15 @@ cdef class HotPath:
         return _merge(dst, src, pool)
 
 
+cdef inline int64_t _growable_size(Block block) noexcept:
+    """memory/device/_allocator.py ``_growable_size``: a free block's size plus the unmapped
+    block after it."""
+    cdef Block following = block.next
+    if following is not None and not following.mapped:
+        return block.size + following.size
+    return block.size
+
+
 cdef int64_t _merge(Block dst, Block src, BlockPool pool):
     """memory/device/_allocator.py ``CachingAllocator._try_merge``: the bytes absorbed, or 0.
 
@@ -906,6 +971,7 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
         or src.event_count > 0
         or src.stream_uses
         or src.mapped != dst.mapped
+        or src.stream != dst.stream
     ):
         return 0
     cdef int64_t absorbed = src.size

@@ -21,16 +21,23 @@ def out_of_memory_error(
     allowed_max: int | None,
     expandable: bool,
     supports_expandable: bool,
+    arenas: bool = False,
 ) -> OutOfMemoryError:
     """The error of a request of ``nbytes`` (``alloc_size`` after rounding) that found no
     memory: ``free`` and ``total`` are the device's, ``allocated`` and ``reserved`` the
     allocator's bytes, ``allowed_max`` its memory-fraction limit (None: none); ``expandable``
-    whether expandable segments are on, ``supports_expandable`` whether the backend has them.
+    whether expandable segments are on, ``supports_expandable`` whether the backend has them,
+    ``arenas`` whether policy:accelrt is.
     """
     allowed = ""
     if allowed_max is not None:
         allowed = f" accelrt may use {format_bytes(allowed_max)} of it (memory fraction)."
-    if expandable:
+    if arenas:
+        hint = (
+            "policy:accelrt already maps idle cached pages where they are needed; free memory "
+            "or lower the batch size"
+        )
+    elif expandable:
         hint = (
             "expandable segments are already on; free memory or lower the batch size, or "
             "try ACCELRT_ALLOC_CONF=max_split_size_mb:<MiB>"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import deque
 from types import CodeType
@@ -22,6 +23,7 @@ from typing import Literal, Protocol, TypedDict
 
 __all__ = [
     "SNAPSHOT_SCHEMA_VERSION",
+    "Annotation",
     "BlockInfo",
     "Frame",
     "History",
@@ -31,10 +33,13 @@ __all__ = [
     "TraceEntry",
     "capture_frames",
     "frames_to_dicts",
+    "get_user_metadata",
+    "set_user_metadata",
 ]
 
-SNAPSHOT_SCHEMA_VERSION = 1
-"""Version of the ``accelrt_schema_version`` key; bumped when the schema changes."""
+SNAPSHOT_SCHEMA_VERSION = 2
+"""Version of the ``accelrt_schema_version`` key; bumped when the schema changes (2: the
+``external_annotations`` list)."""
 
 MAX_STACK_DEPTH = 64
 RawFrames = tuple[tuple[CodeType, int], ...]
@@ -90,18 +95,33 @@ class TraceEntry(_TraceEntryRequired, total=False):
 
     ``action`` is alloc, free_requested, free_completed, segment_alloc, segment_free,
     segment_map, segment_unmap, snapshot or oom; an ``oom`` entry has ``device_free`` (bytes)
-    where the others have ``addr``, as in PyTorch.
+    where the others have ``addr``, as in PyTorch. ``user_metadata``: the recording thread's
+    ``set_memory_metadata`` string, when one was set.
     """
 
     addr: int
     device_free: int
+    user_metadata: str
+
+
+class Annotation(TypedDict):
+    """One edge of a named stage (``accelrt.memory.record_function``): ``stage`` is "START"
+    or "END"; ``time_us`` on the clock of the trace entries' ``time_us``. PyTorch's
+    ``external_annotations`` entries, as ``torch.profiler.record_function`` makes them."""
+
+    name: str
+    stage: str
+    device: int
+    time_us: int
 
 
 class Snapshot(TypedDict):
-    """What ``memory_snapshot()`` returns; ``device_traces[i]`` is device i's history."""
+    """What ``memory_snapshot()`` returns; ``device_traces[i]`` is device i's history, and
+    ``external_annotations`` every device's named stages, device by device, oldest first."""
 
     segments: list[SegmentInfo]
     device_traces: list[list[TraceEntry]]
+    external_annotations: list[Annotation]
     allocator_settings: dict[str, object]
     accelrt_schema_version: int
 
@@ -133,6 +153,23 @@ def frames_to_dicts(frames: RawFrames | None) -> list[Frame]:
     return [Frame(filename=c.co_filename, line=n, name=c.co_name) for c, n in frames]
 
 
+class _UserMetadata(threading.local):
+    value = ""
+
+
+_USER_METADATA = _UserMetadata()
+
+
+def set_user_metadata(metadata: str) -> None:
+    """Set the calling thread's ``user_metadata`` for the entries it records ("" clears)."""
+    _USER_METADATA.value = metadata
+
+
+def get_user_metadata() -> str:
+    """Return the calling thread's ``user_metadata`` ("" when none is set)."""
+    return _USER_METADATA.value
+
+
 ACTIONS = frozenset({
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
     "segment_unmap", "oom",
@@ -161,10 +198,23 @@ class History:
     skip_actions : frozenset of str
         Actions kept out of the buffer (live blocks keep their stacks all the same).
     previous : History, optional
-        A history whose entries this one starts with (the newest ``max_entries`` of them).
+        A history whose entries and annotations this one starts with (the newest
+        ``max_entries`` of each).
+    global_annotations : bool
+        Keep the annotations of every thread; False: only those of the thread that made this
+        history (PyTorch's ``global_record_annotations``).
     """
 
-    __slots__ = ("context", "enabled", "entries", "skip_actions", "stack_allocs", "stack_frees")
+    __slots__ = (
+        "annotation_thread",
+        "annotations",
+        "context",
+        "enabled",
+        "entries",
+        "skip_actions",
+        "stack_allocs",
+        "stack_frees",
+    )
 
     def __init__(
         self,
@@ -173,15 +223,20 @@ class History:
         max_entries: int,
         skip_actions: frozenset[str] = frozenset(),
         previous: History | None = None,
+        global_annotations: bool = False,
     ) -> None:
         self.enabled = enabled
         self.context = context
         self.skip_actions = skip_actions
-        self.entries: deque[tuple[str, int, int, int, int, RawFrames | None, int]] = deque(
+        self.entries: deque[tuple[str, int, int, int, int, RawFrames | None, int, str]] = deque(
             () if previous is None else previous.entries, maxlen=max_entries
         )
         self.stack_allocs = context is not None
         self.stack_frees = context == "all"
+        self.annotations: deque[tuple[str, str, int]] = deque(
+            () if previous is None else previous.annotations, maxlen=max_entries
+        )
+        self.annotation_thread = None if global_annotations else threading.get_ident()
 
     def record(
         self,
@@ -229,12 +284,29 @@ class History:
                 owner.frames = frames
         if self.enabled == "all" and action not in self.skip_actions:
             now_us = time.time_ns() // 1000
-            self.entries.append((action, addr, size, stream, now_us, frames, device_free))
+            self.entries.append(
+                (action, addr, size, stream, now_us, frames, device_free, _USER_METADATA.value)
+            )
+
+    def annotate(self, name: str, stage: str) -> None:
+        """Keep one edge of a named stage (``stage`` "START" or "END"), in "all" mode, from
+        the thread that started the history unless annotations are global."""
+        if self.enabled == "all" and (
+            self.annotation_thread is None or self.annotation_thread == threading.get_ident()
+        ):
+            self.annotations.append((name, stage, time.time_ns() // 1000))
+
+    def to_annotations(self, device: int) -> list[Annotation]:
+        """Return the kept annotations as snapshot ``external_annotations`` entries."""
+        return [
+            Annotation(name=name, stage=stage, device=device, time_us=time_us)
+            for name, stage, time_us in self.annotations
+        ]
 
     def to_entries(self) -> list[TraceEntry]:
         """Return the buffer as snapshot trace entries, oldest first."""
         out: list[TraceEntry] = []
-        for action, addr, size, stream, time_us, frames, device_free in self.entries:
+        for action, addr, size, stream, time_us, frames, device_free, metadata in self.entries:
             entry = TraceEntry(
                 action=action,
                 size=size,
@@ -246,5 +318,7 @@ class History:
                 entry["device_free"] = device_free
             else:
                 entry["addr"] = addr
+            if metadata:
+                entry["user_metadata"] = metadata
             out.append(entry)
         return out

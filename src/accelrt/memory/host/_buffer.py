@@ -29,7 +29,7 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
     -----
     ``ptr``, ``device`` and ``pinned`` are properties. ``free()``, leaving a ``with`` block, or
     garbage collection returns the memory to the host caching allocator (not to the system);
-    freeing twice does nothing. Any other use of a freed buffer (``ptr``, ``numpy()``,
+    freeing twice does nothing. Every other use of a freed buffer (``ptr``, ``numpy()``,
     DLPack, the buffer protocol, ``accelrt.copy_``, ``accelrt.record_stream``) raises
     ``ValueError``. The memory outlives ``free()`` while an export views it (a ``numpy()``
     view, a slice or view of one, a DLPack capsule, a buffer-protocol view): the buffer reads

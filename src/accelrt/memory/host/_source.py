@@ -26,7 +26,7 @@ class HostMemorySource:
     def allocate(self, size: int) -> int | None:
         """Return the address of ``size`` new bytes of host memory, or None when there is none.
 
-        Any error other than the backend's out-of-memory is a driver failure and propagates.
+        Every error but the backend's out-of-memory is a driver failure and propagates.
         """
         try:
             return self.backend.host_alloc(self.index, size)
