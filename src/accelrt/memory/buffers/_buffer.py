@@ -221,7 +221,7 @@ class MemoryHandle:
                     handle._pin = weakref.ref(pin)
         return pin
 
-    def _defer_free(self, block: Any) -> bool:
+    def _defer_free(self, block: object) -> bool:
         """``free()``'s path for a handle that made exports (``_pin`` set): give ``block``,
         which the handle has already let go of, to the live pin and return True (the pin's
         finaliser frees it); return False if no export is left (free it now)."""
