@@ -116,7 +116,7 @@ def build(source: Path, entries: int, out: Path) -> dict[str, Any]:
     snapshot["device_traces"][device] = grown
     with open(out, "wb") as f:
         pickle.dump(snapshot, f, protocol=4)
-    from accelrt.trace._snapshot import trace_from_snapshot
+    from accelrt.trace import trace_from_snapshot
 
     trace = trace_from_snapshot(snapshot, device=device, path=str(out))
     assert trace.recording is not None

@@ -31,11 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from accelrt.backends.sim import SimBackend
-from accelrt.memory import AllocatorConfig
-from accelrt.memory.device._core import CachingAllocator
+from accelrt.memory import AllocatorConfig, CachingAllocator
 from accelrt.replay import replay
 from accelrt.trace import load
-from accelrt.trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT.parent / "shared" / "traces" / "cpu"
@@ -85,22 +83,15 @@ def record_mid_run(path: Path, cut: int, out: Path) -> int:
     allocator = CachingAllocator(SimBackend(device_count=1, capacity=1 << 50), 0, AllocatorConfig())
     live: dict[int, Any] = {}
     reserved_at_cut = 0
-    for i, (op, addr, size) in enumerate(
-        zip(
-            trace.events.op.tolist(),
-            trace.events.addr.tolist(),
-            trace.events.size.tolist(),
-            strict=True,
-        )
-    ):
+    for i, (action, addr, size, _) in enumerate(trace.events):
         if i == cut:
             reserved_at_cut = allocator.reserved_bytes
             allocator.record_history("all", None, sys.maxsize)
-        if op == OP_ALLOC and size > 0:
+        if action == "alloc" and size > 0:
             live[addr] = allocator.malloc(size, 0)
-        elif op == OP_FREE and addr in live:
+        elif action == "free" and addr in live:
             allocator.free(live.pop(addr))
-        elif op == OP_EMPTY_CACHE:
+        elif action == "empty_cache":
             allocator.empty_cache()
     segments, entries = allocator.snapshot()
     snapshot = {

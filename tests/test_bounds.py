@@ -14,9 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelrt import _offline_plan
 from accelrt._bounds import lower_bounds
-from accelrt._offline_plan import BEST_FIT, GREEDY_BY_SIZE, plan
+from accelrt._offline_plan import BEST_FIT, GREEDY_BY_SIZE, _placements, plan
 from accelrt._verdict import (
     EXPANDABLE_WITH_MAX_SPLIT,
     fragmentation_summary,
@@ -24,7 +23,7 @@ from accelrt._verdict import (
     oom_verdict,
 )
 from accelrt.cli import main
-from accelrt.memory._config import AllocatorConfig
+from accelrt.memory import AllocatorConfig
 from accelrt.replay import replay
 from accelrt.trace import Trace, TraceEvent, load, write
 
@@ -82,7 +81,7 @@ def test_bounds_of_a_small_trace(tmp_path: Path) -> None:
     # greedy by size puts C first, A under it, B above both: 1536, the rounded floor
     assert bounds.planned_peak_bytes == 1536 and bounds.algorithm == GREEDY_BY_SIZE
     start, end, size = [0, 1, 3], [2, 4, 5], [512, 512, 1024]
-    peaks = [p.peak_bytes for p in _offline_plan._placements(*map(np.array, (start, end, size)), 8)]
+    peaks = [p.peak_bytes for p in _placements(*map(np.array, (start, end, size)), 8)]
     assert peaks == [2048, 1536]
 
 
@@ -369,7 +368,7 @@ def test_every_placement_is_real_and_above_the_live_peak(
     live_peak = max(
         sum(z for s, e, z in zip(start, end, size, strict=True) if s <= t < e) for t in start
     )
-    placements = _offline_plan._placements(*arrays, greedy_blocks)
+    placements = _placements(*arrays, greedy_blocks)
     for placed in placements:
         offsets = placed.offsets.tolist()
         assert placed.peak_bytes == max(o + z for o, z in zip(offsets, size, strict=True))
@@ -410,7 +409,7 @@ def test_placements_stay_the_same(
     """The offsets of both heuristics on seeded blocks, pinned: making the plan faster must
     not move a block (many blocks keep clear of hundreds of large ones still to come, and
     some of them go above the top)."""
-    placements = _offline_plan._placements(*_seeded_blocks(seed, n, long_share), greedy_blocks)
+    placements = _placements(*_seeded_blocks(seed, n, long_share), greedy_blocks)
     found = [
         f"{p.peak_bytes} {hashlib.sha256(p.offsets.tobytes()).hexdigest()[:12]}" for p in placements
     ]

@@ -10,14 +10,8 @@ import pytest
 
 from accelrt.trace import load
 from accelrt.trace._phases import Phase, header_phases
-from accelrt.view import view_of_trace
-from accelrt.view._categories import (
-    BUILT_IN,
-    CategoryRule,
-    categorize,
-    category_bytes,
-    folded_stacks,
-)
+from accelrt.view import CategoryRule, category_bytes, folded_stacks, view_of_trace
+from accelrt.view._categories import BUILT_IN, categorize
 
 KiB = 1024
 

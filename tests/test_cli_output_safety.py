@@ -16,15 +16,16 @@ import pytest
 
 import accelrt as acc
 import test_snapshot_fuzz as fuzz
-from accelrt import __version__, _info, _runtime, cli
+from accelrt import __version__, _info, cli
 from accelrt._errors import InputError
 from accelrt._start_state import StartStateError
-from accelrt._sweep import parse_grid
+from accelrt._sweep import _worker, parse_grid
 from accelrt._text import printable
-from accelrt.backends import _base, get_backend
+from accelrt.backends import get_backend
 from accelrt.cli import _replay as cli_replay
 from accelrt.cli import _replay_tables as replay_tables
 from accelrt.cli import main
+from accelrt.testing import reset_runtime
 from accelrt.trace import TraceFormatError, write
 from accelrt.trace._format import MAX_NAME_CHARS
 
@@ -288,11 +289,8 @@ def test_sweep_escapes_trace_names_and_errors(
 def test_a_sweep_row_that_hits_a_bug_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from accelrt import _sweep
-    from accelrt._sweep import _worker
-
     monkeypatch.setattr(_worker, "replay", _boom)
-    (row,) = _sweep.sweep(str(EXAMPLE), "defaults", scheduler="synchronous")
+    (row,) = acc.sweep(str(EXAMPLE), "defaults", scheduler="synchronous")
     assert row.error == (
         f"{EXAMPLE}: internal error TypeError: boom (a bug in accelrt, not a problem with this "
         "trace; please report it)"
@@ -471,8 +469,7 @@ def test_mutated_snapshots_through_the_commands_are_never_bug_reports(
             continue
         fuzz._write(path, fuzz._mutate_bytes(rng, data) if rng.random() < 0.3 else data)
         for argv in commands:
-            _runtime.reset_state()
-            _base._instances.pop("sim", None)
+            reset_runtime()
             status = main(argv)
             err = capsys.readouterr().err
             assert status in statuses, (argv, err)

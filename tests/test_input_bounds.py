@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from accelrt.trace import Trace, TraceEvent, TraceFormatError, _columns, _jsonl
-from accelrt.trace._jsonl import _load_jsonl_reference, load_jsonl
 from accelrt.view import (
-    _model,
+    View,
     _moments,
     _recorded,
     _render,
+    clean_stack,
     picture_moments,
     render_html,
     view_of_trace,
@@ -36,7 +36,7 @@ EVENT = '{"action":"alloc","addr":16,"size":8,"stream":0}'
 # --- the page's block matching ----------------------------------------------------------------
 
 
-def _same_size_view(n: int, size: int = 100) -> _model.View:
+def _same_size_view(n: int, size: int = 100) -> View:
     """The picture (no replay) of ``n`` allocations of ``size`` bytes at addresses 1 to n."""
     events = [TraceEvent("alloc", i + 1, size, 0) for i in range(n)]
     return view_of_trace(Trace({"name": "same size"}, events))
@@ -121,7 +121,7 @@ def _members(*parts: tuple[bytes, int]) -> bytes:
 def _outcome(path: Path) -> str:
     """The message both readers refuse ``path`` with (they must agree)."""
     messages = []
-    for read in (load_jsonl, _load_jsonl_reference):
+    for read in (_jsonl.load_jsonl, _jsonl._load_jsonl_reference):
         with pytest.raises(TraceFormatError) as info:
             read(path)
         messages.append(str(info.value))
@@ -176,9 +176,9 @@ def test_the_line_limit_is_exact_and_numbered(
     lines = [header, "", EVENT, "  ", fits, "", ""]
     good = tmp_path / "good.jsonl"
     good.write_text(newline.join(lines), newline="")
-    trace = load_jsonl(good)
+    trace = _jsonl.load_jsonl(good)
     assert trace.events.addr.tolist() == [16, 32]
-    assert _load_jsonl_reference(good).events.addr.tolist() == [16, 32]
+    assert _jsonl._load_jsonl_reference(good).events.addr.tolist() == [16, 32]
     long = fits.replace("x" * 20, "x" * 21)  # 66 bytes
     for n, text in [
         (5, [*lines[:4], long, *lines[5:]]),
@@ -232,7 +232,7 @@ def test_blank_lines_are_counted_without_being_scanned(
     assert _outcome(path) == f"{path}:{bad_line}: free of address 0x63, which is not live"
     assert sum(scanned) < 2 * MiB  # the event lines' chunk, not 64 MiB of blank lines
     path.write_bytes(_members((blank, 3), (HEADER.encode(), 1)))
-    assert load_jsonl(path).header["format"] == "alloc-trace-jsonl"
+    assert _jsonl.load_jsonl(path).header["format"] == "alloc-trace-jsonl"
     path.write_bytes(_members((blank, 3), (b" \n", 1)))
     assert _outcome(path) == f"{path}: empty file, expected a header line"
 
@@ -265,7 +265,7 @@ def test_lines_are_numbered_as_written_whatever_blank_lines_and_reads(
         path = tmp_path / f"{seed}_{case}.jsonl"
         path.write_text(text, encoding="utf-8", newline="")
         if bad is None:
-            for read in (load_jsonl, _load_jsonl_reference):
+            for read in (_jsonl.load_jsonl, _jsonl._load_jsonl_reference):
                 assert read(path).events.addr.tolist() == addrs
         elif bad == "[1]":
             assert _outcome(path).startswith(f"{path}:{at + 1}: expected a JSON object, got")
@@ -318,7 +318,7 @@ def test_op_and_time_are_read_again_past_blank_lines(tmp_path: Path) -> None:
             (rows[1].encode(), 1),
         )
     )
-    view = view_of_trace(load_jsonl(path))
+    view = view_of_trace(_jsonl.load_jsonl(path))
     assert view.ops == ["aten::mm", "aten::add"] and view.op.tolist() == [0, 1]
     assert view.times is not None and view.times.tolist() == [0.0, 3.0]
 
@@ -368,7 +368,7 @@ def test_a_stack_put_together_from_its_frames_is_what_clean_stack_makes(
         7,
     ]
     calls: list[int] = []
-    clean = _recorded.clean_stack
+    clean = clean_stack
 
     def counted(frames: Any) -> Any:
         calls.append(len(frames))

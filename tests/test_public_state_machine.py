@@ -37,12 +37,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import accelrt as acc
-from accelrt import _runtime, _stream
-from accelrt.backends import _base
 from accelrt.backends.sim import SimBackend
 from accelrt.memory import AllocatorConfig, Block, CachingAllocator, MemPool, use_mem_pool
-from accelrt.memory.device import _registry
-from accelrt.memory.device._block import ExpandableSegment
+from accelrt.testing import install_backend, replace_allocator_settings, reset_runtime
 
 KiB, MiB = 1 << 10, 1 << 20
 CAPACITY = 256 * MiB
@@ -277,7 +274,7 @@ def _check_device(
             yield f"the blocks of {segment!r} end at {address:#x}"
         end = address
         first = blocks[0]
-        if isinstance(segment, ExpandableSegment):
+        if segment.is_expandable:
             count("reserved_bytes", first, mapped)
             if mapped != segment.mapped_bytes:
                 yield f"{segment!r} has {mapped} bytes in mapped blocks"
@@ -318,11 +315,10 @@ class Rig:
     """A fresh runtime whose accelerator is a :class:`FaultySim`: what workers share."""
 
     def __init__(self, capacity: int) -> None:
-        _runtime.reset_state()
-        _stream.reset_local()
+        reset_runtime()
         self.capacity = capacity
         self.backend = FaultySim(capacity)
-        _base._instances["sim"] = self.backend
+        install_backend("sim", self.backend)
         acc.backends.use("sim")
         self.streams: list[acc.Stream] = []  # every worker's streams, for record_stream
         self.pools = [MemPool(), MemPool()]
@@ -356,15 +352,13 @@ class Rig:
 
     def close(self) -> None:
         self.backend.disarm()
-        _runtime.reset_state()
-        _stream.reset_local()
-        _base._instances.pop("sim", None)
+        reset_runtime()
 
 
 def apply_settings(text: str, fresh: bool) -> None:
     """``set_allocator_settings(text)``; ``fresh``: the settings become ``text`` alone."""
     if fresh:
-        _registry.set_allocator_config(AllocatorConfig.parse(text))
+        replace_allocator_settings(AllocatorConfig.parse(text))
     else:
         acc.set_allocator_settings(text)
 

@@ -9,9 +9,14 @@ import sys
 import pytest
 
 import accelrt as acc
+import accelrt.testing
 
 
-@pytest.mark.parametrize("module", [acc, acc.memory], ids=["accelrt", "accelrt.memory"])
+@pytest.mark.parametrize(
+    "module",
+    [acc, acc.memory, accelrt.testing],
+    ids=["accelrt", "accelrt.memory", "accelrt.testing"],
+)
 def test_public_surface_sorted_and_complete(module: object) -> None:
     names = module.__all__  # type: ignore[attr-defined]
     assert names == sorted(names)

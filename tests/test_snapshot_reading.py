@@ -19,9 +19,8 @@ import pytest
 import accelrt as acc
 from accelrt._gc import collector_paused
 from accelrt.cli import main
-from accelrt.trace._format import TraceFormatError
+from accelrt.trace import TraceFormatError, read_snapshot
 from accelrt.trace._plain_pickle import load_plain_pickle
-from accelrt.trace._snapshot_schema import read_snapshot
 from accelrt.view import (
     SnapshotPicture,
     end_state_text,

@@ -10,8 +10,12 @@ import pytest
 
 import accelrt as acc
 from accelrt import cli
-from accelrt._start_state import cached_free_blocks, decides_alike, largest_size
-from accelrt._units import format_bytes
+from accelrt._start_state import (
+    cached_free_blocks,
+    calibrated_share,
+    decides_alike,
+    largest_size,
+)
 from accelrt.memory import AllocatorConfig
 from accelrt.replay import replay
 from accelrt.trace import Trace, load
@@ -80,7 +84,6 @@ def test_another_setting_starts_from_a_modelled_state_with_its_range(tmp_path: P
 def test_the_model_is_calibrated_on_the_recorded_peak(tmp_path: Path) -> None:
     """Under the recorded setting, the calibrated model reaches the recorded peak, and a share
     one step smaller does not (the smallest share that does)."""
-    from accelrt import _start_state
     from accelrt.backends.sim import SimBackend
     from accelrt.replay import _Run
 
@@ -93,7 +96,7 @@ def test_the_model_is_calibrated_on_the_recorded_peak(tmp_path: Path) -> None:
         run = _Run(trace, SimBackend(device_count=1), 0, recording.settings, share)
         return run.execute(None, frozenset())["reserved_bytes.all.peak"]
 
-    share = _start_state.calibrated_share(recording, peak)  # kept: no run
+    share = calibrated_share(recording, peak)  # kept: no run
     assert peak(share) >= recording.peak_reserved_bytes
     if share > 0:
         assert peak(share - 1 / 4096) < recording.peak_reserved_bytes
@@ -241,7 +244,7 @@ def test_the_page_says_the_recording_started_mid_run(tmp_path: Path) -> None:
     trace = _recording(tmp_path)
     assert trace.recording is not None
     view = view_of_snapshot(tmp_path / "run.pickle")
-    before = format_bytes(trace.recording.reserved_at_start_bytes)
+    before = acc.format_bytes(trace.recording.reserved_at_start_bytes)
     assert any(
         note.startswith(f"the recording started mid-run, with {before} reserved before its")
         and "start state recorded" in note
@@ -275,7 +278,7 @@ def _run_program(program: list[tuple[str, ...]], config: str, path: Path | None 
     import pickle
 
     from accelrt.backends.sim import SimBackend
-    from accelrt.memory.device._core import CachingAllocator
+    from accelrt.memory import CachingAllocator
 
     settings = AllocatorConfig.coerce(config)
     allocator = CachingAllocator(SimBackend(device_count=1), 0, settings)

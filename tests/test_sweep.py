@@ -26,8 +26,9 @@ import pytest
 
 import accelrt as acc
 from accelrt import _sweep, cli
-from accelrt._sweep import GRANULARITY, SweepResults, _schedule, parse_grid, sweep
+from accelrt._sweep import GRANULARITY, SweepResults, _plan, _schedule, _worker, parse_grid, sweep
 from accelrt.replay import replay
+from accelrt.testing import reset_runtime
 from accelrt.trace import TraceEvent, load, write
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "transformer_train.jsonl.gz"
@@ -75,15 +76,12 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @contextlib.contextmanager
 def _recording(settings: str) -> Iterator[None]:
-    from accelrt import _runtime, _stream
-
     acc.backends.use("sim")
     acc.set_allocator_settings(settings)
     try:
         yield
     finally:
-        _runtime.reset_state()
-        _stream.reset_local()
+        reset_runtime()
 
 
 def _replay_cli(path: str, config: str | None, capacity: int | None) -> dict[str, Any]:
@@ -710,8 +708,6 @@ def _without_timing(results: SweepResults) -> list[dict[str, Any]]:
 @pytest.fixture
 def replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the replays a sweep on this process (synchronous) runs."""
-    from accelrt._sweep import _worker
-
     count = [0]
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -825,14 +821,14 @@ def test_a_results_file_of_another_sweep_is_refused(
 
 
 def test_small_traces_are_batched_into_dask_tasks(traces: dict[str, str], tmp_path: Path) -> None:
-    from accelrt._sweep._plan import _batches, _Task
-
-    def task(source: str) -> _Task:
-        return _Task("id", source, False, None, (), False, (None,), False, None, 1)
+    def task(source: str) -> _plan._Task:
+        return _plan._Task("id", source, False, None, (), False, (None,), False, None, 1)
 
     sources = ["a", "b", "big", "c", "s3://bucket/d", "e", "f", "g"]
     sizes = [10, 10, 1000, 10, 0, 10, 10, 10]
-    batches, totals = _batches([task(s) for s in sources], sizes, target=2)  # 133 bytes a batch
+    batches, totals = _plan._batches(
+        [task(s) for s in sources], sizes, target=2
+    )  # 133 bytes a batch
     assert [[t.source for t in b] for b in batches] == [
         ["a", "b"], ["big"], ["c"], ["s3://bucket/d"], ["e", "f", "g"]
     ]  # fmt: skip

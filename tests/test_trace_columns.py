@@ -21,9 +21,7 @@ from hypothesis import strategies as st
 
 from accelrt import replay as replay_module
 from accelrt.replay import replay
-from accelrt.trace import Trace, TraceEvent, TraceFormatError, _jsonl, load, write
-from accelrt.trace._columns import TraceEvents
-from accelrt.trace._jsonl import _load_jsonl_reference, load_jsonl
+from accelrt.trace import Trace, TraceEvent, TraceEvents, TraceFormatError, _jsonl, load, write
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "traces").glob("*.jsonl.gz"))
@@ -51,8 +49,8 @@ def _outcome(read: Callable[..., Trace], path: Path, include_host: bool) -> Any:
 
 def _same_as_reference(path: Path) -> None:
     for include_host in (False, True):
-        fast = _outcome(load_jsonl, path, include_host)
-        assert fast == _outcome(_load_jsonl_reference, path, include_host)
+        fast = _outcome(_jsonl.load_jsonl, path, include_host)
+        assert fast == _outcome(_jsonl._load_jsonl_reference, path, include_host)
 
 
 def _write_raw(path: Path, text: str | bytes, *, gz: bool = True) -> Path:

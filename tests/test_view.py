@@ -197,7 +197,7 @@ MAPHSGE4 = (
 
 @pytest.mark.skipif(not MAPHSGE4.exists(), reason="the shared real snapshots are not here")
 def test_every_recorded_python_frame_survives_cleaning() -> None:
-    from accelrt.trace._snapshot_schema import read_snapshot
+    from accelrt.trace import read_snapshot
 
     view = view_of_snapshot(MAPHSGE4, moments=4)
     entries = [e for e in read_snapshot(MAPHSGE4)["device_traces"][0] if e["action"] == "alloc"]

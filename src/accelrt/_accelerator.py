@@ -7,7 +7,6 @@ Mirrors ``torch.accelerator`` (``is_available``, ``current_accelerator``, ``devi
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import TypedDict
 
 from . import _runtime
@@ -135,12 +134,7 @@ class device_index:
         self._previous = (backend, _runtime.current_index(backend))
         _runtime.set_current_index(backend, index)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._previous is not None:
             _runtime.set_current_index(*self._previous)
             self._previous = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Protocol
 
 from . import _runtime
@@ -302,12 +301,7 @@ class Stream(StreamCore):
         _set_current(self)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         previous_index, previous_stream = _local.stack.pop()  # type: ignore[union-attr]
         _set_current(previous_stream)
         _runtime.set_current_index(self._backend, previous_index)

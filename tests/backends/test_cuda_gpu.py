@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 import accelrt as acc
-from accelrt import _runtime
-from accelrt.backends import _base
-from accelrt.backends._base import BackendOutOfMemory
+from accelrt.backends import BackendOutOfMemory, get_backend
 from accelrt.backends.cuda import CUDABackend, CUDAError
 from accelrt.memory import AllocatorConfig, CachingAllocator
+from accelrt.testing import forget_backend, reset_runtime
 
 pytestmark = pytest.mark.requires_gpu
 
@@ -35,18 +34,18 @@ def _skip_without_gpu() -> CUDABackend:
 def gpu() -> Iterator[CUDABackend]:
     """The real CUDA backend made the accelerator; skipped without a CUDA device."""
     _skip_without_gpu()
-    _base._instances.pop("cuda", None)
+    forget_backend("cuda")
     acc.backends.use("cuda")
-    backend = _base.get_backend("cuda")
+    backend = get_backend("cuda")
     assert isinstance(backend, CUDABackend)
     yield backend
     backend.synchronize(0)
-    _runtime.reset_state()
+    reset_runtime()
 
 
 def test_auto_detection_picks_cuda() -> None:
     _skip_without_gpu()
-    _base._instances.pop("cuda", None)
+    forget_backend("cuda")
     assert acc.current_accelerator() == acc.Device("cuda")
 
 

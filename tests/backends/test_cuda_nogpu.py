@@ -22,12 +22,11 @@ import numpy as np
 import pytest
 
 import accelrt as acc
-from accelrt import _runtime
-from accelrt.backends import _base
-from accelrt.backends._base import Backend, BackendOutOfMemory
+from accelrt.backends import Backend, BackendOutOfMemory, get_backend
 from accelrt.backends.cuda import CUDABackend, CUDAError, CUDAEvent
 from accelrt.backends.cuda import _driver as cuda_driver
 from accelrt.memory import AllocatorConfig, CachingAllocator
+from accelrt.testing import forget_backend, install_backend, reset_runtime
 
 MiB = 1 << 20
 GRANULARITY = 2 * MiB
@@ -396,11 +395,11 @@ def backend(fake: FakeDriver) -> CUDABackend:
 @pytest.fixture
 def fake_cuda(fake: FakeDriver, backend: CUDABackend) -> Iterator[FakeDriver]:
     """The fake-driver CUDA backend registered as ``cuda`` and made the accelerator."""
-    _base._instances["cuda"] = backend
+    install_backend("cuda", backend)
     acc.backends.use("cuda")
     yield fake
-    _runtime.reset_state()
-    _base._instances.pop("cuda", None)
+    reset_runtime()
+    forget_backend("cuda")
 
 
 # ---------------------------------------------------------------- the real module, no driver
@@ -428,8 +427,7 @@ def test_no_gpu_means_zero_devices_and_a_reason() -> None:
 
 @pytest.mark.skipif(_real_cuda_devices() > 0, reason="a CUDA device is present")
 def test_auto_detection_passes_over_cuda_without_a_gpu() -> None:
-    _base._instances.pop("cuda", None)
-    assert _runtime.AUTO_ORDER[0] == "cuda"
+    forget_backend("cuda")
     assert acc.current_accelerator() != acc.Device("cuda")
 
 
@@ -437,7 +435,7 @@ def test_auto_detection_passes_over_cuda_without_a_gpu() -> None:
 def test_info_shows_why_cuda_is_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
     from accelrt.cli import main
 
-    _base._instances.pop("cuda", None)
+    forget_backend("cuda")
     assert main(["info", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert "cuda" not in data["available_backends"]
@@ -534,13 +532,13 @@ def test_discovery_and_properties_create_no_context(fake: FakeDriver, backend: C
 
 
 def test_auto_detection_selects_cuda_first(backend: CUDABackend) -> None:
-    _base._instances["cuda"] = backend
+    install_backend("cuda", backend)
     try:
         assert acc.current_accelerator() == acc.Device("cuda")
         assert acc.device_count() == 1
     finally:
-        _runtime.reset_state()
-        _base._instances.pop("cuda", None)
+        reset_runtime()
+        forget_backend("cuda")
 
 
 # ---------------------------------------------------------------- errors
@@ -655,7 +653,7 @@ def test_streams_have_priorities_and_native_handles(fake_cuda: FakeDriver) -> No
     assert stream.query() is True
     stream.synchronize()
     assert ("cuStreamSynchronize", (stream.handle,)) in fake_cuda.calls
-    backend = _base.get_backend("cuda")
+    backend = get_backend("cuda")
     assert isinstance(backend, CUDABackend)
     assert backend.stream_priority_range(0) == (0, -5)
     foreign = acc.Stream.from_handle(0xABC0)  # e.g. torch.cuda.Stream().cuda_stream
@@ -682,7 +680,7 @@ def test_events_time_work(fake_cuda: FakeDriver) -> None:
     assert fake_cuda.events[int(plain._handle.handle)] == CUevent_flags.CU_EVENT_DISABLE_TIMING
     stream.wait_event(plain)
     assert fake_cuda.calls[-1] == ("cuStreamWaitEvent", (stream.handle, plain._handle.handle, 0))
-    backend = _base.get_backend("cuda")
+    backend = get_backend("cuda")
     event = plain._handle
     assert isinstance(event, CUDAEvent) and repr(event).startswith("CUDAEvent(device=0")
     with pytest.raises(CUDAError, match="CUDA_ERROR_INVALID_HANDLE"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import accelrt as acc
-from accelrt import _runtime
+from accelrt.testing import install_backend, use_no_accelerator
 
 
 def test_accelerator_identity(device: str) -> None:
@@ -116,7 +116,7 @@ def test_a_chosen_backend_without_devices_says_why(monkeypatch: pytest.MonkeyPat
             return "no driver could be loaded (libfake.so: not found)."
 
     monkeypatch.setenv("ACCELRT_BACKEND", "sim")
-    monkeypatch.setattr(_runtime, "_detect", lambda: NoDriver())
+    install_backend("sim", NoDriver())
     with pytest.raises(RuntimeError) as info:
         acc.empty(1)
     assert str(info.value) == (
@@ -126,8 +126,8 @@ def test_a_chosen_backend_without_devices_says_why(monkeypatch: pytest.MonkeyPat
     )
 
 
-def test_no_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_runtime, "AUTO_ORDER", ())
+def test_no_accelerator() -> None:
+    use_no_accelerator()
     assert acc.is_available() is False
     assert acc.device_count() == 0
     assert acc.current_accelerator() is None

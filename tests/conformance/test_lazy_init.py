@@ -8,44 +8,45 @@ fresh interpreter (``run_python``).
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import accelrt as acc
-from accelrt import _runtime
-from accelrt.backends import _base
-from accelrt.memory.device import _registry
+from accelrt.backends import get_backend
+from accelrt.testing import forget_backend, install_backend, is_initialized, peek_allocator
 
 RunPython = Callable[..., str]
 
 
 @pytest.fixture
-def fresh(device: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def fresh(device: str) -> Iterator[str]:
     """The ``device`` backend as a new instance (no driver state yet), for this test only."""
-    monkeypatch.setitem(_base._instances, device, type(_base.get_backend(device))())
+    kept = get_backend(device)
+    install_backend(device, type(kept)())
     acc.backends.use(device)
-    return device
+    yield device
+    install_backend(device, kept)
 
 
 def _driver_contexts(device: str) -> int:
     """OpenCL contexts the backend created (the simulated device has none to create)."""
-    backend = _base.get_backend(device)
+    backend = get_backend(device)
     return len(backend._state) if device == "opencl" else 0  # type: ignore[attr-defined]
 
 
 def test_counting_devices_initialises_nothing(fresh: str) -> None:
     device = fresh
-    backend = _runtime.require_accelerator()
+    backend = get_backend(device)
     assert acc.is_available() and acc.device_count() >= 1
     acc.current_accelerator()
-    assert not _runtime.is_initialized(backend)
+    assert not is_initialized(backend)
     assert _driver_contexts(device) == 0
 
 
 def test_memory_api_before_first_use(fresh: str) -> None:
     device = fresh
-    backend = _runtime.require_accelerator()
+    backend = get_backend(device)
     assert acc.memory_stats() == {}
     assert acc.memory_allocated() == acc.memory_reserved() == 0
     assert acc.max_memory_allocated() == acc.max_memory_reserved() == 0
@@ -55,17 +56,17 @@ def test_memory_api_before_first_use(fresh: str) -> None:
     acc.get_device_properties()
     acc.get_device_capability()
     assert acc.memory_stats() == {}
-    assert _registry.peek_allocator(backend, 0) is None
-    assert not _runtime.is_initialized(backend) and _driver_contexts(device) == 0
+    assert peek_allocator(backend, 0) is None
+    assert not is_initialized(backend) and _driver_contexts(device) == 0
     free, total = acc.get_memory_info()  # the one memory function that initialises
     assert free == total == acc.get_device_properties().total_memory
-    assert _runtime.is_initialized(backend)
+    assert is_initialized(backend)
 
 
 def test_first_use_initialises(device: str) -> None:
-    backend = _runtime.require_accelerator()
+    backend = get_backend(device)
     acc.empty(16).free()
-    assert _runtime.is_initialized(backend)
+    assert is_initialized(backend)
     assert acc.memory_stats()["allocation.all.allocated"] == 1
 
 
@@ -156,7 +157,7 @@ def test_visible_devices_bad_entry_warns_and_truncates(
     sim: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ACCELRT_VISIBLE_DEVICES", "1,x,0")
-    _base._instances.pop("sim", None)
+    forget_backend("sim")
     with pytest.warns(
         RuntimeWarning,
         match=r"ACCELRT_VISIBLE_DEVICES='1,x,0': entry 'x' is not an integer; it and the "
@@ -167,6 +168,6 @@ def test_visible_devices_bad_entry_warns_and_truncates(
     assert acc.get_device_properties(0).raw["physical_index"] == 1
     for value, problem in (("0,0", "is listed twice"), ("5", r"is out of range \[0, 2\)")):
         monkeypatch.setenv("ACCELRT_VISIBLE_DEVICES", value)
-        _base._instances.pop("sim", None)
+        forget_backend("sim")
         with pytest.warns(RuntimeWarning, match=problem):
             acc.backends.use("sim")

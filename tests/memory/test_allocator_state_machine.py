@@ -36,7 +36,6 @@ from accelrt import OutOfMemoryError
 from accelrt.backends.sim import VM_GRANULARITY, SimBackend
 from accelrt.memory import AllocatorConfig, Block, CachingAllocator, round_size, segment_size
 from accelrt.memory.device._block import SHARED_STREAM
-from accelrt.memory.device._stats import STAT_ARRAY_NAMES
 
 MiB = 1 << 20
 PoolId = tuple[int, int]
@@ -52,7 +51,17 @@ MAX_NON_SPLIT_ROUNDING = 20 * MiB  # the default of max_non_split_rounding_mb
 SMALL_PAGE, LARGE_PAGE = 2 * MiB, 20 * MiB
 HISTORY_ENTRIES = 1 << 20
 MAX_REQUEST = 1 << 60
-STAT_ARRAYS = STAT_ARRAY_NAMES
+STAT_ARRAYS = (  # memory_stats()' StatArrays, as in c10::CachingDeviceAllocator::DeviceStats
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
 SIZES = st.one_of(st.integers(1, 4096), st.integers(1, 2 * MiB), st.integers(MiB, 64 * MiB))
 STREAM_INDEX = st.integers(0, 2)
 PICK = st.integers(0, 1 << 16)  # index of a live block, modulo their number

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 import accelrt as acc
-from accelrt import _runtime
+from accelrt.testing import install_backend, reset_runtime
 
 
 def _warm() -> None:
@@ -84,7 +84,9 @@ def test_switching_accelerators_and_reset(two_sims: None) -> None:
     sim_buffer = acc.empty(512)
     assert sim_buffer.device.type == "sim"
     allocator = sim_buffer.allocator
-    _runtime.reset_state()
+    sim = acc.backends.get_backend("sim")
+    reset_runtime()  # it forgets the sim backend too: put the same one back
+    install_backend("sim", sim)
     acc.backends.use("sim")
     fresh = acc.empty(512)
     assert fresh.allocator is not allocator  # the reset forgot the allocators

@@ -23,7 +23,9 @@ import pytest
 
 import accelrt as acc
 from accelrt.backends import get_backend
-from accelrt.memory.host._allocator import HostCachingAllocator, host_round_size
+from accelrt.memory import HostCachingAllocator
+from accelrt.memory.host._allocator import host_round_size
+from accelrt.testing import use_no_accelerator
 
 KiB, MiB = 1 << 10, 1 << 20
 TIMES = ("total", "max", "min", "avg")
@@ -470,8 +472,8 @@ def test_bad_devices_as_for_empty(device: str) -> None:
     assert text.startswith("device must be an int index, a string like 'opencl:0'")
 
 
-def test_no_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("accelrt._runtime._detect", lambda: None)
+def test_no_accelerator() -> None:
+    use_no_accelerator()
     assert acc.host_memory_stats() == {}
     acc.empty_host_cache()
     with pytest.raises(RuntimeError, match=r"^Cannot access accelerator device when none is"):

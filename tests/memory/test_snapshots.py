@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import accelrt as acc
-from accelrt.memory.history._summary import format_summary
 from accelrt.trace import TraceFormatError, read_snapshot
 
 MiB = 1 << 20
@@ -182,7 +181,7 @@ def test_memory_summary_matches_pytorchs_table(sim: str, monkeypatch: pytest.Mon
 def test_memory_summary_before_first_use(sim: str) -> None:
     text = acc.memory_summary()
     assert text.count("\n") == 47 and "|      0 B   |" in text
-    assert format_summary({}, "x", abbreviated=True).count("\n") == 29
+    assert acc.memory_summary(abbreviated=True).count("\n") == 29
 
 
 def test_restricted_unpickler_runs_nothing(tmp_path: Path) -> None:

@@ -7,9 +7,11 @@ gathers them into :class:`SweepResults`, which ranks the settings.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .._units import MAX_BYTES
@@ -229,6 +231,20 @@ class SettingSummary:
         return data
 
 
+def _optional(package: str, method: str) -> ModuleType:
+    """Import ``package`` for ``SweepResults.<method>``, or raise an ``ImportError`` that says
+    how to install it."""
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise ImportError(f"SweepResults.{method} needs {package}: pip install {package}") from None
+
+
+def _record_columns() -> list[str]:
+    """The columns of :meth:`SweepResult.to_record`, in order (those of an empty table)."""
+    return list(SweepResult("", "", None).to_record())
+
+
 class SweepResults(list[SweepResult]):
     """The results of :func:`sweep`: a list of :class:`SweepResult`, plus table helpers.
 
@@ -285,13 +301,10 @@ class SweepResults(list[SweepResult]):
         ImportError
             If pyarrow is not installed (``pip install pyarrow``).
         """
-        try:
-            import pyarrow as pa
-        except ImportError:
-            raise ImportError("SweepResults.to_arrow needs pyarrow: pip install pyarrow") from None
+        pa = _optional("pyarrow", "to_arrow")
         records = self.to_records()
         if not records:
-            return pa.table({key: [] for key in SweepResult("", "", None).to_record()})
+            return pa.table({key: [] for key in _record_columns()})
         return pa.Table.from_pylist(records)
 
     def to_pandas(self) -> pandas.DataFrame:
@@ -302,12 +315,8 @@ class SweepResults(list[SweepResult]):
         ImportError
             If pandas is not installed (``pip install pandas``).
         """
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError("SweepResults.to_pandas needs pandas: pip install pandas") from None
-        columns = list(SweepResult("", "", None).to_record())
-        return pd.DataFrame.from_records(self.to_records(), columns=columns)
+        pd = _optional("pandas", "to_pandas")
+        return pd.DataFrame.from_records(self.to_records(), columns=_record_columns())
 
     def _first_capacity_rows(self) -> list[SweepResult]:
         first = self.capacities[0] if self.capacities else None

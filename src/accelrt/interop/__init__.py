@@ -15,4 +15,16 @@ is missing.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 __all__: list[str] = []
+
+
+def _library(name: str, user: str, library: str, hint: str) -> ModuleType:
+    """Import the module ``name`` that ``accelrt.interop.<user>`` needs, or raise an
+    ``ImportError`` that names ``library`` and how to install it (``hint``)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(f"accelrt.interop.{user} needs {library}: {hint} ({exc})") from exc

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _runtime
 from .._stream import Stream
 from ..memory import empty
+from . import _library
 
 if TYPE_CHECKING:
     from cupy.cuda import MemoryPointer
@@ -29,12 +30,7 @@ INSTALL_HINT = "pip install cupy-cuda12x (or cupy-cuda13x, matching your CUDA dr
 
 
 def _cupy() -> ModuleType:
-    try:
-        import cupy
-    except ImportError as exc:
-        raise ImportError(f"accelrt.interop.cupy needs CuPy: {INSTALL_HINT} ({exc})") from exc
-    module: ModuleType = cupy
-    return module
+    return _library("cupy", "cupy", "CuPy", INSTALL_HINT)
 
 
 def _accelrt_index(backend: Any, ordinal: int) -> int:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import _runtime
 from .._stream import current_stream
 from ..memory import Buffer, empty, empty_cache, get_memory_info
+from . import _library
 
 if TYPE_CHECKING:
     from cuda.bindings.driver import CUdeviceptr
@@ -32,12 +33,7 @@ INSTALL_HINT = "pip install numba-cuda"
 
 
 def _numba_cuda() -> ModuleType:
-    try:
-        from numba import cuda
-    except ImportError as exc:
-        raise ImportError(f"accelrt.interop.numba needs Numba: {INSTALL_HINT} ({exc})") from exc
-    module: ModuleType = cuda
-    return module
+    return _library("numba.cuda", "numba", "Numba", INSTALL_HINT)
 
 
 def _device_pointer(ptr: int) -> CUdeviceptr | ctypes.c_uint64:

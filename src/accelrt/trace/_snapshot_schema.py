@@ -315,43 +315,36 @@ def check_entries(entries: list[FileEntry], path: str) -> _Totals:
             if type(action) is not str:  # (before hashing it)
                 raise ValueError
             if action in addr_actions:
-                addr, size = entry["addr"], entry["size"]
-                stream = entry.get("stream", 0)
-                if not (
-                    type(addr) is int
-                    and type(size) is int
-                    and type(stream) is int
-                    and 0 <= addr < limit
-                    and 0 <= size < limit
-                    and -limit <= stream < stream_limit
-                ):
-                    raise ValueError
-                if action == "alloc":
-                    frames = entry.get("frames")
-                    if type(frames) is list:
-                        frames_count += len(frames)
-                    elif frames is not None:
-                        raise ValueError
-                    if size > largest and too_large is None:
-                        too_large = j
-                elif action in _GROW:
-                    grown += size
-                elif action in _SHRINK:
-                    shrunk += size
+                other, size = entry["addr"], entry["size"]
             elif action == "oom":
-                size = entry["size"]
-                free = entry.get("device_free", 0)
-                stream = entry.get("stream", 0)
-                if not (
-                    type(size) is int
-                    and type(free) is int
-                    and type(stream) is int
-                    and 0 <= size < limit
-                    and 0 <= free < limit
-                    and -limit <= stream < stream_limit
-                ):
+                other, size = entry.get("device_free", 0), entry["size"]
+            else:
+                continue
+            # the address, or the oom's device_free: both bytes within the file's range
+            stream = entry.get("stream", 0)
+            if not (
+                type(other) is int
+                and type(size) is int
+                and type(stream) is int
+                and 0 <= other < limit
+                and 0 <= size < limit
+                and -limit <= stream < stream_limit
+            ):
+                raise ValueError
+            if action == "alloc":
+                frames = entry.get("frames")
+                if type(frames) is list:
+                    frames_count += len(frames)
+                elif frames is not None:
                     raise ValueError
-                at_oom = grown - shrunk + free
+                if size > largest and too_large is None:
+                    too_large = j
+            elif action in _GROW:
+                grown += size
+            elif action in _SHRINK:
+                shrunk += size
+            elif action == "oom":
+                at_oom = grown - shrunk + other
         except (ValueError, KeyError, TypeError, AttributeError):
             # the precise check: raises Problem unless only the types were odd (an int subclass)
             _check_entry(entry, f"{path}[{j}]")

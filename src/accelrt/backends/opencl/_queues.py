@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ..._stream_ops import SVMStreamOps  # the build where there is one (_compiled.py)
+from .._queue_streams import QueueEvent, no_stream
 from ._cl import (
     _CL_COMPLETE,
     _EXECUTION_STATUS,
@@ -88,24 +89,18 @@ def _finish(stream: _CLStream) -> None:
     stream.last = None
 
 
-class OpenCLEvent:
-    """An OpenCL event handle: the marker of its last recording (None before the first) and
-    the stream it was recorded on (whose finished copies waiting on it forgets)."""
+class OpenCLEvent(QueueEvent):
+    """An OpenCL event handle: the marker (a ``pyopencl.Event``) of its last recording (None
+    before the first) and the ``_CLStream`` it was recorded on (whose finished copies waiting
+    on it forgets)."""
 
-    __slots__ = ("device", "marker", "stream", "timing")
-
-    def __init__(self, device: int, timing: bool) -> None:
-        self.device = device
-        self.timing = timing
-        self.marker: CLEvent | None = None
-        self.stream: _CLStream | None = None
+    __slots__ = ()
+    marker: CLEvent | None
+    stream: _CLStream | None
 
 
 def _no_stream(index: int, stream: int) -> ValueError:
-    return ValueError(
-        f"opencl:{index} has no stream with handle {stream:#x}: it was destroyed or "
-        "belongs to another device"
-    )
+    return no_stream("opencl", index, stream)
 
 
 class _CLStream(SVMStreamOps):
@@ -164,8 +159,8 @@ class _CLStream(SVMStreamOps):
         """Raise ``AcceleratorError`` for a PyOpenCL error in ``call``."""
         _raise_driver_error(call, exc)
 
-    def record(self, event: OpenCLEvent) -> None:
-        """Enqueue a marker on the queue: the event's new marker."""
+    def record(self, event: QueueEvent) -> None:
+        """Enqueue a marker on the queue: the new marker of the event (an ``OpenCLEvent``)."""
         queue = self.queue
         if queue is None:
             raise _no_stream(self.device.index, self.handle)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._queue_streams import QueueStreamsEvents
 from ._cl import _CL_COMPLETE, _EXECUTION_STATUS, _import_cl, _raise_driver_error
 from ._devices import _Devices
 from ._queues import OpenCLEvent, _CLStream, _drop_completed, _finish, _no_stream, _svm
@@ -13,8 +14,11 @@ if TYPE_CHECKING:
     import pyopencl
 
 
-class _StreamsEvents(_Devices):
-    """Streams, events, copies, fills and synchronisation of the ``opencl`` backend."""
+class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream, OpenCLEvent]):
+    """Streams, events, copies, fills and synchronisation of the ``opencl`` backend, on the
+    queue backends' shared methods (``QueueStreamsEvents``)."""
+
+    _event_type = OpenCLEvent
 
     def stream_create(self, index: int, priority: int) -> int:
         """Create an in-order, profiling-enabled command queue. Priority is advisory only."""
@@ -24,17 +28,6 @@ class _StreamsEvents(_Devices):
             self._next_stream += 1
         state.streams[handle] = state.new_stream(handle)
         return handle
-
-    def stream_ops(self, index: int, stream: int) -> _CLStream | None:
-        """Return the stream's ``StreamOps`` (one object per handle), None for an unknown one."""
-        return self._dev(index).streams.get(stream)
-
-    def _stream(self, index: int, stream: int) -> _CLStream:
-        """Return a live stream of device ``index``; ``ValueError`` if there is none."""
-        found = self._dev(index).streams.get(stream)
-        if found is None:
-            raise _no_stream(index, stream)
-        return found
 
     def queue(self, index: int, stream: int) -> pyopencl.CommandQueue:
         """Return the ``pyopencl.CommandQueue`` behind a stream handle (for native interop).
@@ -55,29 +48,12 @@ class _StreamsEvents(_Devices):
         """
         return int(self.queue(index, stream).int_ptr)
 
-    def stream_destroy(self, index: int, stream: int) -> None:
-        """Finish and drop the queue."""
-        state = self._state.get(index)
-        if state is None:
-            return
-        found = state.streams.pop(stream, None)
-        if found is not None:
-            queue, found.queue = found.queue, None
-            if queue is not None:  # (popped once: it is)
-                queue.finish()
-            found.last = None
-            found.keep.clear()
-
-    def stream_query(self, index: int, stream: int) -> bool:
-        """Whether the last command accelrt enqueued on the queue has completed (True for a
-        handle that is not a live stream: nothing enqueued). See ``_CLStream.query``."""
-        state = self._state.get(index)
-        found = state.streams.get(stream) if state is not None else None
-        return found is None or found.query()
-
-    def stream_synchronize(self, index: int, stream: int) -> None:
-        """``clFinish`` on the queue."""
-        self._stream(index, stream).synchronize()
+    def _wait_destroyed(self, found: _CLStream) -> None:
+        """``stream_destroy``'s wait: take the queue (None from then on) and finish it
+        (``clFinish``)."""
+        queue, found.queue = found.queue, None
+        if queue is not None:  # (popped once: it is)
+            queue.finish()
 
     def stream_wait_event(self, index: int, stream: int, event: OpenCLEvent) -> None:
         """Enqueue a barrier that waits for the event's marker."""
@@ -86,18 +62,6 @@ class _StreamsEvents(_Devices):
             found.last = _import_cl().enqueue_barrier(found.queue, wait_for=[event.marker])
 
     # events
-    def event_create(self, index: int, timing: bool) -> OpenCLEvent:
-        """Return an unrecorded event (markers are made when it is recorded)."""
-        return OpenCLEvent(index, timing)
-
-    def event_record(self, event: OpenCLEvent, index: int, stream: int) -> None:
-        """Enqueue a marker on the stream's queue."""
-        self._stream(index, stream).record(event)
-
-    def event_destroy(self, event: OpenCLEvent) -> None:
-        """Drop the event's marker (pyopencl releases the ``cl_event`` with it)."""
-        event.marker = None
-
     def event_query(self, event: OpenCLEvent) -> bool:
         """True if unrecorded or the marker has completed."""
         marker = event.marker
@@ -129,16 +93,8 @@ class _StreamsEvents(_Devices):
         assert start.marker is not None and end.marker is not None  # Event checks: recorded
         return float(end.marker.profile.end - start.marker.profile.end) / 1e6
 
-    # copies
-    def memcpy_async(
-        self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
-    ) -> None:
-        """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes.
-
-        See ``_CLStream``'s ``memcpy_async`` (its base's) and ``rescan``.
-        """
-        self._stream(index, stream).memcpy_async(dst, src, nbytes)
-
+    # copies: memcpy_async is QueueStreamsEvents' (_CLStream's memcpy_async, its base's, and
+    # rescan: clEnqueueSVMMemcpy)
     def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
         """``clEnqueueSVMMemFill`` with a one-byte pattern."""
         import numpy as np

@@ -7,6 +7,7 @@ from collections import deque
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
+from .._queue_streams import QueueEvent, no_stream
 from ._sycl import _raise_driver_error
 
 if TYPE_CHECKING:
@@ -30,27 +31,20 @@ class _XPUDevice(Protocol):
 _KEEP_SCAN = 32
 
 
-class XPUEvent:
+class XPUEvent(QueueEvent):
     """An XPU event handle: the ``dpctl.SyclEvent`` of its last recording (a barrier; None
-    before the first) and the stream it was recorded on."""
+    before the first) and the ``_XPUStream`` it was recorded on."""
 
-    __slots__ = ("device", "marker", "stream", "timing")
-
-    def __init__(self, device: int, timing: bool) -> None:
-        self.device = device
-        self.timing = timing
-        self.marker: SyclEvent | None = None
-        self.stream: _XPUStream | None = None
+    __slots__ = ()
+    marker: SyclEvent | None
+    stream: _XPUStream | None
 
 
 _complete: list[event_status_type] = []  # dpctl.event_status_type.complete, once dpctl is imported
 
 
 def _no_stream(index: int, stream: int) -> ValueError:
-    return ValueError(
-        f"xpu:{index} has no stream with handle {stream:#x}: it was destroyed or belongs to "
-        "another device"
-    )
+    return no_stream("xpu", index, stream)
 
 
 class _XPUStream:
@@ -110,8 +104,8 @@ class _XPUStream:
             raise
         self.last = None
 
-    def record(self, event: XPUEvent) -> None:
-        """Submit a barrier: the event's new marker."""
+    def record(self, event: QueueEvent) -> None:
+        """Submit a barrier: the new marker of the event (an ``XPUEvent``)."""
         queue = self.queue
         if queue is None:
             raise _no_stream(self.device.index, self.handle)

@@ -6,16 +6,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..._errors import AcceleratorError
+from .._queue_streams import QueueStreamsEvents
 from ._devices import _Devices
-from ._queues import XPUEvent, _complete, _drop_completed, _no_stream, _XPUStream
+from ._queues import XPUEvent, _complete, _drop_completed, _XPUStream
 from ._sycl import _describe, _memset_lib, _raise_driver_error
 
 if TYPE_CHECKING:
     from dpctl import SyclQueue
 
 
-class _StreamsEvents(_Devices):
-    """Streams, events, copies and synchronisation of the ``xpu`` backend."""
+class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream, XPUEvent]):
+    """The ``xpu`` backend's own stream methods (adopted queues among them), events, fills
+    and synchronisation; ``QueueStreamsEvents`` has those both queue backends share."""
+
+    _event_type = XPUEvent
 
     def stream_create(self, index: int, priority: int) -> int:
         """Create an in-order, profiling queue in the device's context; priority is advisory
@@ -80,16 +84,6 @@ class _StreamsEvents(_Devices):
             state.streams[handle] = _XPUStream(state, handle, queue, owned=False)
         return handle
 
-    def stream_ops(self, index: int, stream: int) -> _XPUStream | None:
-        """Return the stream's ``StreamOps`` (one object per handle), None for an unknown one."""
-        return self._dev(index).streams.get(stream)
-
-    def _stream(self, index: int, stream: int) -> _XPUStream:
-        found = self._dev(index).streams.get(stream)
-        if found is None:
-            raise _no_stream(index, stream)
-        return found
-
     def queue(self, index: int, stream: int) -> SyclQueue:
         """Return the ``dpctl.SyclQueue`` behind a stream handle (for native interop).
 
@@ -103,29 +97,12 @@ class _StreamsEvents(_Devices):
         """
         return int(self.queue(index, stream).addressof_ref())
 
-    def stream_destroy(self, index: int, stream: int) -> None:
-        """Wait for the queue and drop it (an adopted queue is only forgotten)."""
-        state = self._state.get(index)
-        if state is None:
-            return
-        found = state.streams.pop(stream, None)
-        if found is not None:
-            queue, found.queue = found.queue, None
-            if found.owned and queue is not None:  # (popped once: it is)
-                queue.wait()
-            found.last = None
-            found.keep.clear()
-
-    def stream_query(self, index: int, stream: int) -> bool:
-        """Whether the last command accelrt submitted to the queue has completed (True for a
-        handle that is not a live stream)."""
-        state = self._state.get(index)
-        found = state.streams.get(stream) if state is not None else None
-        return found is None or found.query()
-
-    def stream_synchronize(self, index: int, stream: int) -> None:
-        """``queue.wait()``."""
-        self._stream(index, stream).synchronize()
+    def _wait_destroyed(self, found: _XPUStream) -> None:
+        """``stream_destroy``'s wait: take the queue (None from then on) and ``queue.wait()``,
+        unless the queue is a user's (adopted: only forgotten)."""
+        queue, found.queue = found.queue, None
+        if found.owned and queue is not None:  # (popped once: it is)
+            queue.wait()
 
     def stream_wait_event(self, index: int, stream: int, event: XPUEvent) -> None:
         """Submit a barrier that waits for the event's marker (``submit_barrier([marker])``)."""
@@ -135,18 +112,6 @@ class _StreamsEvents(_Devices):
             found.last = found.live_queue().submit_barrier([marker])
 
     # ------------------------------------------------------------------ events
-    def event_create(self, index: int, timing: bool) -> XPUEvent:
-        """Return an unrecorded event (its marker is made when it is recorded)."""
-        return XPUEvent(index, timing)
-
-    def event_record(self, event: XPUEvent, index: int, stream: int) -> None:
-        """Submit a barrier on the stream's queue: the event's marker."""
-        self._stream(index, stream).record(event)
-
-    def event_destroy(self, event: XPUEvent) -> None:
-        """Drop the event's marker."""
-        event.marker = None
-
     def event_query(self, event: XPUEvent) -> bool:
         """True if unrecorded or the marker's execution status is ``complete``."""
         marker = event.marker
@@ -178,12 +143,7 @@ class _StreamsEvents(_Devices):
         return float(end.marker.profiling_info_end - start.marker.profiling_info_end) / 1e6
 
     # ------------------------------------------------------------------ copies
-    def memcpy_async(
-        self, index: int, dst: int | memoryview, src: int | memoryview, nbytes: int, stream: int
-    ) -> None:
-        """``queue.memcpy_async``; host memory is kept alive until the copy completes."""
-        self._stream(index, stream).memcpy_async(dst, src, nbytes)
-
+    # memcpy_async is QueueStreamsEvents' (_XPUStream's: queue.memcpy_async)
     def memset_async(self, index: int, ptr: int, value: int, nbytes: int, stream: int) -> None:
         """``sycl::queue::memset`` (``DPCTLQueue_Memset``), then a barrier as the stream's last
         command (what ``query`` asks)."""

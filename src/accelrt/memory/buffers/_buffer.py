@@ -1,14 +1,14 @@
 """``Buffer``: device memory from the caching allocator (pointer, size, device, stream).
 
-Compiled twin: device/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields, ``free``,
-the finaliser) and adopts ``_BufferAPI`` at import; change both (docs/design.md, "Pairs").
+Compiled twin: device/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields and the
+finaliser) and ``MemoryHandle.free``, and adopts ``_BufferAPI`` at import; change both
+(docs/design.md, "Pairs").
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, SupportsIndex, TypeVar
 
 from ..._device import Device
@@ -70,8 +70,7 @@ class MemoryHandle:
     if TYPE_CHECKING:  # a field of each handle (Buffer's two cores, HostBuffer)
         _pin: ExportPin | weakref.ref[ExportPin] | None
 
-        def free(self) -> None: ...
-        def numpy(self) -> npt.NDArray[np.uint8]: ...
+        def _host_memory(self) -> memoryview: ...
 
     @property
     def block(self: _Owning[_B, _A]) -> _B:
@@ -106,6 +105,61 @@ class MemoryHandle:
         """True once the memory has been given back."""
         return self._block is None and self.nbytes > 0
 
+    def free(self) -> None:
+        """Give the memory back to its caching allocator, or to the exports that still view
+        it. Freeing twice does nothing.
+
+        Notes
+        -----
+        The block is reused once the work of every stream that used it (``copy_``,
+        ``record_stream``) has completed. While an export of the memory lives (``numpy()``,
+        DLPack, a host buffer's buffer protocol), the handle reads as freed at once but the
+        block goes back only when the last export is gone (a ``Buffer``'s Notes say more).
+        Thread-safe.
+        """
+        handle: Any = self  # a Buffer or HostBuffer: both have _block, _allocator and _pin
+        try:  # atomic: the block is freed (or deferred) exactly when the handle lets go of it
+            block, handle._block = handle._block, None
+            if (
+                block is not None
+                and handle._allocator is not None
+                and (handle._pin is None or not self._defer_free(block))
+            ):
+                handle._allocator.free(block)
+        finally:
+            if PENDING.flag:
+                deliver()
+
+    def numpy(self) -> npt.NDArray[np.uint8]:
+        """Return a zero-copy ``uint8`` numpy view of the memory.
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
+            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
+            the block returns to the allocator when the last of them is gone.
+
+        Raises
+        ------
+        ValueError
+            If the buffer was freed.
+        TypeError
+            For a ``Buffer`` whose device's memory is not host-accessible (use
+            ``accelrt.copy_``).
+
+        Notes
+        -----
+        Does not synchronize: synchronize the stream of the device work or copy that may still
+        be writing the memory (``buffer.stream.synchronize()``) before reading it, or reading
+        it before writing it.
+        """
+        if self.nbytes == 0:
+            import numpy as np
+
+            return np.empty(0, dtype=np.uint8)
+        return self._exported_array(self._host_memory())
+
     def __dlpack__(self, *, stream: object = None, **kwargs: Any) -> object:
         """Export the memory as a DLPack capsule (``uint8``, 1-D) for zero-copy consumers.
 
@@ -126,12 +180,7 @@ class MemoryHandle:
     def __enter__(self: _H) -> _H:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.free()
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
@@ -172,7 +221,7 @@ class MemoryHandle:
                     handle._pin = weakref.ref(pin)
         return pin
 
-    def _defer_free(self, block: Any) -> bool:
+    def _defer_free(self, block: object) -> bool:
         """``free()``'s path for a handle that made exports (``_pin`` set): give ``block``,
         which the handle has already let go of, to the live pin and return True (the pin's
         finaliser frees it); return False if no export is left (free it now)."""
@@ -199,6 +248,7 @@ class MemoryHandle:
         return np.asarray(ArrayOwner(array.__array_interface__, owner))
 
 
+register(MemoryHandle.free)
 register(MemoryHandle._defer_free)
 
 
@@ -251,15 +301,11 @@ class ExportPin(FreedWhenCollected):
 
 
 class _BufferFields(FreedWhenCollected):
-    """The fields, ``free`` and finaliser of :class:`Buffer` in Python, where the compiled
-    core does not run (elsewhere ``Buffer`` is memory/device/_native.pyx's compiled type, this
-    class's twin, given the Python-level part, ``_BufferAPI``)."""
+    """The fields and finaliser of :class:`Buffer` in Python, where the compiled core does not
+    run (its ``free`` is ``MemoryHandle``'s; elsewhere ``Buffer`` is memory/device/_native.pyx's
+    compiled type, this class's twin, given the Python-level part, ``_BufferAPI``)."""
 
     __slots__ = ("__weakref__", "_allocator", "_block", "_pin", "_stream", "nbytes", "ptr")
-
-    if TYPE_CHECKING:  # from MemoryHandle, through Buffer
-
-        def _defer_free(self, block: Block) -> bool: ...
 
     def __init__(
         self,
@@ -274,24 +320,6 @@ class _BufferFields(FreedWhenCollected):
         self._stream = stream
         self.nbytes = nbytes
         self.ptr = block.address if block is not None else 0
-
-    def free(self) -> None:
-        """Give the memory back to the caching allocator, or to the exports that still view
-        it; see ``Buffer``'s Notes. Freeing twice does nothing."""
-        try:  # atomic: the block is freed (or deferred) exactly when the buffer lets go of it
-            block, self._block = self._block, None
-            if (
-                block is not None
-                and self._allocator is not None
-                and (self._pin is None or not self._defer_free(block))
-            ):
-                self._allocator.free(block)
-        finally:
-            if PENDING.flag:
-                deliver()
-
-
-register(_BufferFields.free)
 
 
 # Buffer's Python-level part, written once for both cores: the Python Buffer below derives
@@ -550,32 +578,9 @@ class _BufferAPI(MemoryHandle):
         owner = (self, self._export_pin())
         return _dlpack.to_capsule(self.ptr, self.nbytes, device[0], device[1], owner, versioned)
 
-    def numpy(self) -> npt.NDArray[np.uint8]:
-        """Return a zero-copy ``uint8`` numpy view of the memory (host-accessible devices only).
-
-        Returns
-        -------
-        numpy.ndarray
-            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
-            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
-            the block returns to the allocator when the last of them is gone.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed.
-        TypeError
-            If the device's memory is not host-accessible (use ``accelrt.copy_``).
-
-        Notes
-        -----
-        Does not synchronize: call ``buffer.stream.synchronize()`` before reading memory that
-        device work may still be writing.
-        """
-        if self.nbytes == 0:
-            import numpy as np
-
-            return np.empty(0, dtype=np.uint8)
+    def _host_memory(self) -> memoryview:
+        """``numpy()``'s writable buffer of the memory (the backend's host view of it); a
+        ``ValueError`` if it was freed, a ``TypeError`` if it is not host-accessible."""
         block = self.block
         device = self.device
         view = self.allocator.backend.host_view(device.index or 0, block.address, self.nbytes)
@@ -583,7 +588,7 @@ class _BufferAPI(MemoryHandle):
             raise TypeError(
                 f"memory of {device} is not host-accessible; copy it with accelrt.copy_(host, buf)"
             )
-        return self._exported_array(view)
+        return view
 
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""

@@ -154,26 +154,14 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
 
     # ------------------------------------------------------------------ malloc
     def malloc(self, nbytes: int, device_index: int) -> HostBlock:
-        """Allocate a block of at least ``nbytes`` of host memory for a device.
-
-        Parameters
-        ----------
-        nbytes : int
-            Requested size in bytes, 1 <= nbytes <= 2**60.
-        device_index : int
-            The device (already range-checked) whose host memory it is.
-
-        Returns
-        -------
-        HostBlock
-            An allocated block of ``host_round_size(nbytes)`` bytes.
+        """Return an allocated block of ``host_round_size(nbytes)`` bytes of host memory for
+        device ``device_index`` (already range-checked); ``nbytes`` from 1 to 2**60.
 
         Raises
         ------
-        TypeError
-            If ``nbytes`` is not an integer.
-        ValueError
-            If ``nbytes`` < 1 or > 2**60.
+        TypeError, ValueError
+            For an ``nbytes`` that is not an integer from 1 to 2**60 (as
+            ``CachingAllocator.malloc``).
         OutOfMemoryError
             If the backend has no host memory for a new block (nothing changed; cached blocks
             are not released first, as in PyTorch: ``empty_cache`` does that).

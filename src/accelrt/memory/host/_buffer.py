@@ -8,13 +8,9 @@ from typing import TYPE_CHECKING
 
 from ..._device import Device
 from ..._stream import Stream
-from .._atomic import PENDING, deliver, register
 from ..buffers._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
 if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
-
     from ._allocator import HostBlock, HostCachingAllocator
 
 __all__ = ["HostBuffer"]
@@ -117,28 +113,6 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             "another with accelrt.empty_host()"
         )
 
-    def free(self) -> None:
-        """Give the memory back to the host caching allocator. Freeing twice does nothing.
-
-        Notes
-        -----
-        The block is reused once the work of every stream that used it (``copy_``,
-        ``record_stream``) has completed. While an export of the memory lives (``numpy()``,
-        DLPack, the buffer protocol), the buffer reads as freed at once but the block goes
-        back only when the last export is gone. Thread-safe.
-        """
-        try:  # atomic: the block is freed (or deferred) exactly when the buffer lets go of it
-            block, self._block = self._block, None
-            if (
-                block is not None
-                and self._allocator is not None
-                and (self._pin is None or not self._defer_free(block))
-            ):
-                self._allocator.free(block)
-        finally:
-            if PENDING.flag:
-                deliver()
-
     def record_stream(self, stream: Stream) -> None:
         """Mark the memory as used on ``stream``: it is not reused before that work ends.
 
@@ -185,31 +159,9 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             view = self._view = memoryview(array).cast("B")
         return view
 
-    def numpy(self) -> npt.NDArray[np.uint8]:
-        """Return a zero-copy ``uint8`` numpy view of the memory.
-
-        Returns
-        -------
-        numpy.ndarray
-            1-D, ``nbytes`` long, writable. It keeps the buffer alive, and the memory too: a
-            ``free()`` while it (or a slice or view of it) lives marks the buffer freed, and
-            the block returns to the allocator when the last of them is gone.
-
-        Raises
-        ------
-        ValueError
-            If the buffer was freed.
-
-        Notes
-        -----
-        Does not synchronize: synchronize the stream of a copy before reading what it writes,
-        or writing what it reads.
-        """
-        if self.nbytes == 0:
-            import numpy as np
-
-            return np.empty(0, dtype=np.uint8)
-        return self._exported_array(self._memoryview())
+    def _host_memory(self) -> memoryview:
+        """``numpy()``'s writable buffer of the memory; a ``ValueError`` if it was freed."""
+        return self._memoryview()
 
     def __buffer__(self, flags: int) -> memoryview:
         """The buffer protocol (PEP 688, Python 3.12+): a writable 1-D ``uint8`` view.
@@ -230,6 +182,3 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             f"HostBuffer(ptr={self._address:#x}, nbytes={self.nbytes}, device={self._device!s}, "
             f"pinned={self._pinned}{state})"
         )
-
-
-register(HostBuffer.free)

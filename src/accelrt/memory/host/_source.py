@@ -8,17 +8,9 @@ __all__ = ["HostMemorySource"]
 
 
 class HostMemorySource:
-    """Where the host caching allocator gets raw host memory for one device of a backend.
+    """Where the host caching allocator gets raw host memory for device ``index`` of
+    ``backend`` (as ``MemorySource`` gets a device's segments for its caching allocator).
 
-    Parameters
-    ----------
-    backend : Backend
-        The device's backend.
-    index : int
-        The device's index in the backend.
-
-    Notes
-    -----
     ``pinned`` says whether the backend's host memory is pinned for the device (see
     ``Backend.host_memory_pinned``); without pinning it is ordinary page-aligned host memory.
     Host memory is never split, so a "segment" here is one raw allocation, named by its address.
