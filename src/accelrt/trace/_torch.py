@@ -56,7 +56,7 @@ def record_torch(
     """
     try:
         import torch
-        from torch._C._profiler import _EventType
+        from torch._C._profiler import _EventType, _ExtraFields_Allocation
         from torch.profiler import ProfilerActivity, profile
     except ImportError as exc:  # pragma: no cover - exercised only without torch
         raise ImportError(
@@ -70,8 +70,8 @@ def record_torch(
 
     def walk(nodes: list[_ProfilerEvent]) -> None:
         for node in nodes:
-            if node.tag == _EventType.Allocation:
-                fields = node.extra_fields
+            fields = node.extra_fields
+            if node.tag == _EventType.Allocation and isinstance(fields, _ExtraFields_Allocation):
                 op = node.parent.name if node.parent is not None else None
                 raw.append(
                     (node.start_time_ns, len(raw), int(fields.ptr), int(fields.alloc_size), op)
@@ -122,7 +122,7 @@ def record_torch(
                     "op": op,
                 }
             )
-    header = {
+    header: dict[str, object] = {
         "name": name,
         "workload": workload or {},
         "torch_version": torch.__version__,
