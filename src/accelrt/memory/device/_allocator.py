@@ -65,6 +65,7 @@ from ._block import (
     ExpandableSegment,
     PoolId,
     Segment,
+    link_after,
 )
 from ._events import StreamEvents
 from ._oom import out_of_memory_error
@@ -355,12 +356,13 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         return private.small if size <= K_SMALL_SIZE else private.large
 
     def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
-        if self._arenas and self._source_of(pool) is self._source:
+        in_arenas = self._arenas and self._source_of(pool) is self._source
+        if in_arenas:
             self._note_request(pool, size, nbytes)
             adopted = self._adopt(pool, size, stream)
             if adopted is not None:
                 return adopted
-        if self._arenas and self._source_of(pool) is self._source:  # its map: whole pages
+        if in_arenas:  # what its map needs at most: the request in whole pages
             alloc_size = -(-size // K_SMALL_BUFFER) * K_SMALL_BUFFER
         else:
             alloc_size = segment_size(size, self.config.large_segment_size)
@@ -543,7 +545,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         if start > block.address:  # the pages below stay unmapped
             head = self._Block(block.address, start - block.address, block.stream, pool, segment)
             head.mapped = False
-            _link_after(block.prev, head, block)
+            link_after(block.prev, head, block)
             pool.insert_unmapped(head)
             block.size -= start - block.address
             block.address = start
@@ -553,7 +555,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
                 block.address + mapped, block.size - mapped, block.stream, pool, segment
             )
             rest.mapped = False
-            _link_after(block, rest)
+            link_after(block, rest)
             pool.insert_unmapped(rest)
             block.size = mapped
         if owner is not None:
@@ -585,13 +587,13 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         if before > 0:
             head = self._Block(block.address, before, owner, pool, segment)
             head.stamp = block.stamp
-            _link_after(block.prev, head, block)
+            link_after(block.prev, head, block)
             pool.insert(head)
         after = block.size - before - unmapped
         if after > 0:
             tail = self._Block(start + unmapped, after, owner, pool, segment)
             tail.stamp = block.stamp
-            _link_after(block, tail)
+            link_after(block, tail)
             pool.insert(tail)
         block.address = start
         block.size = unmapped
@@ -1393,18 +1395,6 @@ def _growable_size(block: Block) -> int:
 def _collectable(block: Block) -> bool:
     """Whether garbage collection may release a free block: a whole ordinary segment."""
     return not block.is_split() and not block.segment.is_expandable
-
-
-def _link_after(prev: Block | None, block: Block, following: Block | None = None) -> None:
-    """Put ``block`` between ``prev`` and ``following`` (default: what followed ``prev``)."""
-    if following is None and prev is not None:
-        following = prev.next
-    block.prev = prev
-    block.next = following
-    if prev is not None:
-        prev.next = block
-    if following is not None:
-        following.prev = block
 
 
 _ADDRESS = operator.attrgetter("address")

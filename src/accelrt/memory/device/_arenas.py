@@ -37,6 +37,7 @@ from ._block import (
     BlockPool,
     ExpandableSegment,
     PoolId,
+    link_after,
 )
 from ._source import MemorySource
 from ._stats import DeviceStats
@@ -173,10 +174,7 @@ class SharedArenas:
         whole = pool.pool_id != DEFAULT_POOL_ID and self._pool_no_split(pool.pool_id)
         if remaining >= K_MIN_BLOCK_SIZE and not whole:
             rest = self._Block(best.address + size, remaining, stream, pool, best.segment)
-            rest.prev, rest.next = best, best.next
-            if best.next is not None:
-                best.next.prev = rest
-            best.next = rest
+            link_after(best, rest)
             best.size = size
             self._try_merge(rest, rest.next, pool)
             self._clock += 1

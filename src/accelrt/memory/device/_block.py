@@ -36,6 +36,7 @@ __all__ = [
     "PoolId",
     "SHARED_STREAM",
     "Segment",
+    "link_after",
 ]
 
 KEY_SHIFT = 64
@@ -365,3 +366,15 @@ class ExpandableSegment:
 
 
 AnySegment = Segment | ExpandableSegment
+
+
+def link_after(prev: Block | None, block: Block, following: Block | None = None) -> None:
+    """Put ``block`` between ``prev`` and ``following`` (default: what followed ``prev``)."""
+    if following is None and prev is not None:
+        following = prev.next
+    block.prev = prev
+    block.next = following
+    if prev is not None:
+        prev.next = block
+    if following is not None:
+        following.prev = block
