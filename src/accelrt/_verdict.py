@@ -70,7 +70,7 @@ def fragmentation_summary(reports: Sequence[ReplayReport]) -> str | None:
     else:
         recovered = first.peak_reserved_bytes - best.peak_reserved_bytes
         tried = f"the best setting tried, {best.config}, recovers {format_bytes(recovered)}"
-        if "policy:accelrt" in best.config:
+        if AllocatorConfig.parse(best.config).accelrt_only:
             tried += " (accelrt only: PyTorch's allocator has no such policy)"
     return (
         f"fragmentation costs {format_bytes(first.peak_reserved_bytes - rounded)} under "

@@ -219,9 +219,9 @@ class SettingSummary:
     def accelrt_only(self) -> bool:
         """Whether only accelrt can use the setting: it names ``policy:accelrt``, which
         PyTorch's allocator does not have (docs/allocator.md section 16)."""
-        if self.config in (RECORDED, "defaults"):
+        if self.config == RECORDED:
             return False
-        return AllocatorConfig.parse(self.config).policy != "pytorch"
+        return AllocatorConfig.parse(self.config).accelrt_only
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary row as JSON-serialisable data (``fits`` as a list of objects)."""

@@ -297,6 +297,12 @@ class AllocatorConfig:
             },
         }
 
+    @property
+    def accelrt_only(self) -> bool:
+        """Whether only accelrt can use these settings: they name ``policy:accelrt``, which
+        PyTorch's allocator does not have (docs/allocator.md section 16)."""
+        return self.policy != "pytorch"
+
     @functools.cached_property
     def rounds_to_divisions(self) -> bool:
         """Whether any ``roundup_power2_divisions`` slot is set (else plain 512-byte rounding)."""
