@@ -4,8 +4,11 @@ Decoding a snapshot creates a container (a dict or list) for every trace entry a
 none of them is part of a reference cycle. With the collector on, every few thousand new
 containers start a collection, and each full collection walks all of them: on a 90 MB snapshot
 that is four fifths of the time pickle takes to decode it (1.5 s against 0.3 s), and as much
-again for every pass that builds objects while the snapshot is alive. Memory is still freed by
-reference counting while the collector is paused; only cycles wait for the next collection.
+again for every pass that builds objects while the snapshot is alive. A replay is the same
+case: every split makes a ``Block`` (a container), and the collections its allocations start
+walk every live block; ``replay.replay`` runs its events with the collector paused. Memory is
+still freed by reference counting while the collector is paused; only cycles wait for the next
+collection.
 """
 
 from __future__ import annotations

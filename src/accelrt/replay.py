@@ -22,6 +22,7 @@ import numpy.typing as npt
 from ._bounds import lower_bounds
 from ._device import Device
 from ._errors import OutOfMemoryError
+from ._gc import collector_paused
 from ._start_state import (
     StartKind,
     StartStateError,
@@ -459,16 +460,17 @@ class _Run:
             if -1 in captures:
                 self.segment_maps[-1] = allocator.snapshot()[0]
             begin = time.perf_counter()
-            _run_events(
-                trace.events,
-                allocator,
-                blocks,
-                self.handle_of,
-                self.ooms,
-                progress,
-                captures,
-                self.segment_maps,
-            )
+            with collector_paused():  # blocks are containers: collections would walk them all
+                _run_events(
+                    trace.events,
+                    allocator,
+                    blocks,
+                    self.handle_of,
+                    self.ooms,
+                    progress,
+                    captures,
+                    self.segment_maps,
+                )
             self.wall_seconds = time.perf_counter() - begin
             if progress is not None:
                 progress(total, total)
