@@ -167,3 +167,73 @@ def test_format_bytes_units(n: int) -> None:
         number, unit = text.split()
         scale = {"KiB": 1024, "MiB": MiB, "GiB": 1 << 30}[unit]
         assert abs(float(number) * scale - n) <= 0.0051 * scale
+
+
+def test_pytorch_2_14_keys_are_parsed() -> None:
+    """2.14's ``throw_on_cudamalloc_oom`` is modelled; keys that change no device placement
+    are reported as ignored, by name, instead of refused."""
+    conf = (
+        "throw_on_cudamalloc_oom:True,per_process_memory_fraction:0.5,pinned_free_catch_all:True,"
+        "release_lock_on_hipmalloc:True,expandable_segments_reserve:True,"
+        "expandable_segments_reserve_by_class:[large:4096,small:512]"
+    )
+    config, ignored = AllocatorConfig.parse_torch(conf)
+    assert config.throw_on_cudamalloc_oom and config.per_process_memory_fraction == 0.5
+    assert config.describe() == "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True"
+    assert ignored == [
+        "pinned_free_catch_all:True",
+        "release_lock_on_hipmalloc:True",
+        "expandable_segments_reserve:True",
+        "expandable_segments_reserve_by_class:[large:4096,small:512]",
+    ]
+    settings = config.to_torch_settings()
+    assert settings["throw_on_cudamalloc_oom"] is True
+    assert AllocatorConfig.from_torch_settings(settings).throw_on_cudamalloc_oom
+    with pytest.raises(
+        ValueError, match="throw_on_cudamalloc_oom must be True or False, got 'maybe'"
+    ):
+        AllocatorConfig.parse("throw_on_cudamalloc_oom:maybe")
+
+
+@pytest.mark.parametrize("extra", ["", ",expandable_segments:True"])
+def test_throw_on_cudamalloc_oom_rejects_past_the_fraction_without_retrying(extra: str) -> None:
+    """PyTorch 2.14: past the fraction, ``OutOfMemoryError`` at once (no cache release and
+    retry), counted in ``num_oom_rejections`` and ``num_ooms``; the cache stays as it was."""
+    from accelrt.backends.sim import SimBackend
+    from accelrt.memory import CachingAllocator
+
+    for throw in (True, False):
+        conf = f"per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:{throw}{extra}"
+        alloc = CachingAllocator(SimBackend(capacity=1 << 30), 0, AllocatorConfig.parse(conf))
+        alloc.free(alloc.malloc(300 * MiB, 0))
+        if throw:
+            with pytest.raises(acc.OutOfMemoryError, match=r"accelrt may use 512\.00 MiB of it"):
+                alloc.malloc(400 * MiB, 0)
+        else:  # the ladder releases the cached 300 MiB and retries
+            alloc.free(alloc.malloc(400 * MiB, 0))
+        stats = alloc.memory_stats()
+        expected = (1, 1, 0, 300 * MiB) if throw else (0, 0, 1, 400 * MiB)
+        assert (
+            stats["num_oom_rejections"],
+            stats["num_ooms"],
+            stats["num_alloc_retries"],
+            stats["reserved_bytes.all.current"],
+        ) == expected
+        alloc.reset_accumulated_memory_stats()
+        assert alloc.memory_stats()["num_oom_rejections"] == 0
+
+
+def test_throw_on_cudamalloc_oom_under_policy_accelrt_moves_idle_pages_first() -> None:
+    """policy:accelrt maps idle cached pages again before it would create any: no rejection."""
+    from accelrt.backends.sim import SimBackend
+    from accelrt.memory import CachingAllocator
+
+    conf = "per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True,policy:accelrt"
+    alloc = CachingAllocator(SimBackend(capacity=1 << 30), 0, AllocatorConfig.parse(conf))
+    alloc.free(alloc.malloc(300 * MiB, 0))
+    alloc.malloc(400 * MiB, 0)
+    stats = alloc.memory_stats()
+    assert (stats["num_oom_rejections"], stats["reserved_bytes.all.current"]) == (0, 400 * MiB)
+    with pytest.raises(acc.OutOfMemoryError):
+        alloc.malloc(200 * MiB, 0)  # 600 MiB > 512 MiB: no idle page left to move
+    assert alloc.memory_stats()["num_oom_rejections"] == 1

@@ -81,6 +81,22 @@ def test_one_arena_holds_blocks_of_several_streams() -> None:
     [info] = alloc.snapshot()[0]
     assert info["is_expandable"] and info["stream"] == 0  # its lowest block's stream
     assert info["total_size"] == 20 * MiB
+    assert [(b["size"], b["state"], b.get("stream")) for b in info["blocks"]] == [
+        (4 * MiB, "active_allocated", 0),  # each block names its owner
+        (4 * MiB, "active_allocated", side),
+        (12 * MiB, "inactive", side),
+    ]
+
+
+def test_snapshot_blocks_name_no_stream_outside_arenas() -> None:
+    for config in ("", "expandable_segments:True"):  # PyTorch's keys exactly
+        _, alloc = allocator(config)
+        alloc.malloc(4 * MiB, 0)
+        [info] = alloc.snapshot()[0]
+        assert all(
+            set(b) == {"address", "size", "requested_size", "state", "frames"}
+            for b in info["blocks"]
+        )
 
 
 def test_free_blocks_of_different_owners_do_not_merge_until_the_cache_is_emptied() -> None:

@@ -35,6 +35,31 @@ def test_allocations_inside_go_to_the_pool_and_are_reused_only_there(device: str
         buf.free()
 
 
+def test_memory_stats_count_each_private_pools_reserved_bytes(device: str) -> None:
+    pool = MemPool()
+    key = "reserved_bytes_by_private_pools.{}_{}".format(*pool.id)
+    assert not any(k.startswith("reserved_bytes_by_private_pools") for k in acc.memory_stats())
+    with use_mem_pool(pool):
+        small = acc.empty(MiB)  # a 2 MiB small segment
+        large = acc.empty(3 * MiB)  # a 20 MiB large one
+    outside = acc.empty(MiB)  # the default pool's: not the private pool's
+    stats = acc.memory_stats()
+    assert stats[f"{key}.all.current"] == 22 * MiB
+    assert stats[f"{key}.small_pool.current"] == 2 * MiB
+    assert stats[f"{key}.large_pool.current"] == 20 * MiB
+    assert stats["reserved_bytes.all.current"] == 24 * MiB
+    for buf in (small, large, outside):
+        buf.free()
+    acc.empty_cache()
+    stats = acc.memory_stats()
+    assert (stats[f"{key}.all.current"], stats[f"{key}.all.peak"]) == (0, 22 * MiB)
+    assert (stats[f"{key}.all.allocated"], stats[f"{key}.all.freed"]) == (22 * MiB, 22 * MiB)
+    acc.reset_peak_memory_stats()
+    acc.reset_accumulated_memory_stats()
+    stats = acc.memory_stats()
+    assert [stats[f"{key}.all.{m}"] for m in ("current", "peak", "allocated", "freed")] == [0] * 4
+
+
 def test_empty_cache_releases_what_a_pool_caches(device: str) -> None:
     pool = MemPool()
     with use_mem_pool(pool):

@@ -71,7 +71,8 @@ def test_history_modes_and_ring_buffer(sim: str) -> None:
         (
             {"skip_actions": ["alloc", "mallocs"]},
             "skip_actions: unknown action 'mallocs'; the "
-            "actions are alloc, free_completed, free_requested, oom, segment_alloc, segment_free, "
+            "actions are alloc, annotate, free_completed, free_requested, oom, segment_alloc, "
+            "segment_free, "
             "segment_map, segment_unmap",
         ),
     ):
@@ -294,3 +295,38 @@ def test_set_memory_metadata_stamps_the_threads_entries(sim: str) -> None:
     ]  # fmt: skip
     with pytest.raises(TypeError, match="set_memory_metadata\\(\\) takes a string, got 1"):
         acc.memory.set_memory_metadata(1)  # type: ignore[arg-type]
+
+
+def test_annotate_buffer_adds_an_entry_for_the_live_allocation(sim: str, tmp_path: Path) -> None:
+    # torch.cuda.memory._annotate_tensor (2.14): an "annotate" entry at the allocation's
+    # address, its text as user_metadata, the caller's stack; the alloc entry unchanged
+    acc.memory.annotate_buffer(acc.empty(100), "before recording")  # no history: no effect
+    acc.record_memory_history()
+    buf = acc.empty(3 * MiB)
+    acc.memory.annotate_buffer(buf, "saved for backward")
+    acc.memory.annotate_buffer(buf, "packed")  # annotations pile up
+    snapshot = acc.memory_snapshot()
+    entries = snapshot["device_traces"][0]
+    assert [(e["action"], e["addr"], e["size"], e.get("user_metadata")) for e in entries] == [
+        ("segment_alloc", buf.ptr, 20 * MiB, None),
+        ("alloc", buf.ptr, 3 * MiB, None),
+        ("annotate", buf.ptr, 3 * MiB, "saved for backward"),
+        ("annotate", buf.ptr, 3 * MiB, "packed"),
+    ]
+    assert any(
+        f["name"] == "test_annotate_buffer_adds_an_entry_for_the_live_allocation"
+        for f in entries[2]["frames"]
+    )
+    path = tmp_path / "annotated.pickle"
+    acc.memory.dump_snapshot(str(path))
+    read_snapshot(path)  # accelrt's reader takes the new action
+    acc.record_memory_history(skip_actions=["annotate"], clear_history=True)
+    acc.memory.annotate_buffer(buf, "skipped")
+    assert acc.memory_snapshot()["device_traces"][0] == []
+    buf.free()
+    with pytest.raises(ValueError):
+        acc.memory.annotate_buffer(buf, "freed")
+    with pytest.raises(TypeError, match="annotate_buffer\\(\\) takes a Buffer, got int"):
+        acc.memory.annotate_buffer(1, "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes a string as metadata, got 2"):
+        acc.memory.annotate_buffer(acc.empty(8), 2)  # type: ignore[arg-type]

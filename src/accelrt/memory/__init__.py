@@ -14,7 +14,8 @@ The public home of memory, as ``torch.accelerator.memory`` and ``rmm.mr`` are. T
   :func:`empty_cache`, ... and the summary table :func:`memory_summary`;
 - history and snapshots in PyTorch's format: :func:`record_memory_history`,
   :func:`memory_snapshot`, :func:`dump_snapshot`, named stages (:func:`record_function`),
-  entries stamped with :func:`set_memory_metadata`, and their ``TypedDict`` schemas;
+  entries stamped with :func:`set_memory_metadata`, allocations annotated after the fact
+  (:func:`annotate_buffer`), and their ``TypedDict`` schemas;
 - settings: :class:`AllocatorConfig` (``ACCELRT_ALLOC_CONF``), :func:`set_allocator_settings`,
   and :class:`Setting` (settings with where they came from, as the ``accelrt`` commands say);
 - the machinery, for tools and replays: :func:`get_allocator` gives a device's
@@ -45,6 +46,7 @@ from ._config import AllocatorConfig as AllocatorConfig
 from ._config import Setting as Setting
 from ._policy import round_size as round_size
 from ._policy import segment_size as segment_size
+from ._snapshots import annotate_buffer as annotate_buffer
 from ._snapshots import dump_snapshot as dump_snapshot
 from ._snapshots import get_memory_metadata as get_memory_metadata
 from ._snapshots import memory_snapshot as memory_snapshot
@@ -89,6 +91,7 @@ __all__ = [
     "Setting",
     "Snapshot",
     "TraceEntry",
+    "annotate_buffer",
     "copy_",
     "dump_snapshot",
     "empty",

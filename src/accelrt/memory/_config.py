@@ -53,9 +53,14 @@ UNMODELLED_TORCH_KEYS = (
     "pinned_max_round_threshold_mb",
     "pin_memory_expandable_segments",
     "graph_capture_record_stream_reuse",
+    "pinned_free_catch_all",
+    "release_lock_on_hipmalloc",
+    "expandable_segments_reserve",
+    "expandable_segments_reserve_by_class",
 )
 """Keys PyTorch's ``PYTORCH_CUDA_ALLOC_CONF`` takes that the device allocator's policy does not
-depend on (the allocator backend, host-allocator and graph-capture knobs, the lock)."""
+depend on (the allocator backend, host-allocator and graph-capture knobs, the lock, and the
+address space reserved up front for expandable segments, which changes no placement)."""
 _KEYS = (
     "max_split_size_mb",
     "max_non_split_rounding_mb",
@@ -65,6 +70,7 @@ _KEYS = (
     "expandable_segments",
     "per_process_memory_fraction",
     "release_lock_on_malloc",
+    "throw_on_cudamalloc_oom",
     "policy",
 )
 POLICIES = ("pytorch", "accelrt")
@@ -102,6 +108,11 @@ class AllocatorConfig:
         0 < x <= 1: cap reserved memory at x times the device's total memory.
     release_lock_on_malloc : bool
         Accepted for compatibility with PyTorch; the Python allocator always holds its lock.
+    throw_on_cudamalloc_oom : bool
+        With a memory fraction set: a request that would take reserved memory past the
+        fraction raises ``OutOfMemoryError`` at once, without releasing the cache and retrying,
+        and counts in ``memory_stats()["num_oom_rejections"]`` (and ``num_ooms``). Mirrors
+        PyTorch 2.14's key of that name (docs/allocator.md section 13).
     policy : str
         ``"pytorch"`` (the default): PyTorch's policy, exactly. ``"accelrt"``: accelrt's own
         (docs/allocator.md section 16): one address range per pool and size class shared by
@@ -124,6 +135,7 @@ class AllocatorConfig:
     expandable_segments: bool = False
     per_process_memory_fraction: float | None = None
     release_lock_on_malloc: bool = False
+    throw_on_cudamalloc_oom: bool = False
     policy: str = "pytorch"
 
     @classmethod
@@ -266,8 +278,9 @@ class AllocatorConfig:
         threshold = recorded.get("garbage_collection_threshold", 0.0)
         if isinstance(threshold, (int, float)) and threshold > 0:
             items["garbage_collection_threshold"] = str(threshold)
-        if recorded.get("expandable_segments") is True:
-            items["expandable_segments"] = "True"
+        for key in ("expandable_segments", "throw_on_cudamalloc_oom"):
+            if recorded.get(key) is True:
+                items[key] = "True"
         if recorded.get("policy") in POLICIES:  # accelrt's own key (PyTorch has none)
             items["policy"] = recorded["policy"]
         divisions = recorded.get("roundup_power2_divisions")
@@ -291,6 +304,7 @@ class AllocatorConfig:
             "garbage_collection_threshold": self.garbage_collection_threshold,
             "expandable_segments": self.expandable_segments,
             "release_lock_on_malloc": self.release_lock_on_malloc,
+            "throw_on_cudamalloc_oom": self.throw_on_cudamalloc_oom,
             "policy": self.policy,
             "roundup_power2_divisions": {
                 str(1 << i): d for i, d in enumerate(self.roundup_power2_divisions)
@@ -339,6 +353,8 @@ class AllocatorConfig:
             items.append(("per_process_memory_fraction", str(self.per_process_memory_fraction)))
         if self.release_lock_on_malloc:
             items.append(("release_lock_on_malloc", "True"))
+        if self.throw_on_cudamalloc_oom:
+            items.append(("throw_on_cudamalloc_oom", "True"))
         if self.policy != default.policy:
             items.append(("policy", self.policy))
         return items
@@ -515,7 +531,7 @@ def _convert(key: str, raw: Any) -> dict[str, Any]:
         if not 0.0 < value <= 1.0:
             raise InputError(f"{key} must be a number with 0 < x <= 1, got {raw!r}")
         return {"per_process_memory_fraction": value}
-    if key in ("expandable_segments", "release_lock_on_malloc"):
+    if key in ("expandable_segments", "release_lock_on_malloc", "throw_on_cudamalloc_oom"):
         return {key: _bool(key, raw)}
     if key == "policy":
         _check_type(key, raw, (str,), "a string")

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 from .. import _runtime
 from .._device import DeviceLike
+from .buffers._buffer import Buffer
 from .device import _registry
 from .device._block import PoolId
 from .history._history import (
@@ -31,6 +32,7 @@ from .history._history import (
 from .history._summary import format_summary
 
 __all__ = [
+    "annotate_buffer",
     "dump_snapshot",
     "get_memory_metadata",
     "memory_snapshot",
@@ -209,6 +211,41 @@ def set_memory_metadata(metadata: str) -> None:
     if not isinstance(metadata, str):
         raise TypeError(f"set_memory_metadata() takes a string, got {metadata!r}")
     set_user_metadata(metadata)
+
+
+def annotate_buffer(buffer: Buffer, metadata: str) -> None:
+    """Attach ``metadata`` to a live buffer's allocation, after the fact, in the history.
+
+    Parameters
+    ----------
+    buffer : Buffer
+        Device memory from :func:`empty` (a 0-byte buffer has no allocation: nothing is kept).
+    metadata : str
+        Any text, e.g. "saved for backward".
+
+    Raises
+    ------
+    TypeError
+        If ``buffer`` is not a :class:`Buffer` or ``metadata`` is not a string.
+    ValueError
+        If the buffer was freed.
+
+    Notes
+    -----
+    While a history is recorded in "all" mode, adds an entry ``{"action": "annotate", "addr":
+    <the allocation's address>, "size": <its bytes>, "user_metadata": metadata, "frames":
+    <the caller's stack>, ...}``; otherwise it has no effect. The allocation's own entry is
+    not changed: annotations pile up as entries of their own, which PyTorch's memory
+    visualizer shows beside the allocation. Mirrors ``torch.cuda.memory._annotate_tensor``
+    (PyTorch 2.14), for a buffer instead of a tensor.
+    """
+    if not isinstance(buffer, Buffer):
+        raise TypeError(f"annotate_buffer() takes a Buffer, got {type(buffer).__name__}")
+    if not isinstance(metadata, str):
+        raise TypeError(f"annotate_buffer() takes a string as metadata, got {metadata!r}")
+    if buffer.nbytes == 0:
+        return
+    buffer.allocator.annotate_block(buffer.block, metadata)
 
 
 def get_memory_metadata() -> str:

@@ -68,7 +68,7 @@ from ._block import (
     link_after,
 )
 from ._events import StreamEvents
-from ._oom import out_of_memory_error
+from ._oom import FractionRejection, out_of_memory_error
 from ._requests import _not_allocated, _request_size
 from ._source import MemorySource
 from ._stats import DeviceStats, Stat, StatArray, StatsMethods
@@ -369,7 +369,11 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         gc = self.config.garbage_collection_threshold > 0 and not self._arenas
         if self._allowed_max is not None and gc:
             self._garbage_collect()
-        block = self._grow(pool, size, alloc_size, stream, is_retry=False)
+        try:
+            block = self._grow(pool, size, alloc_size, stream, is_retry=False)
+        except FractionRejection:  # throw_on_cudamalloc_oom: past the fraction, no retry
+            self.stats.num_oom_rejections += 1
+            raise self._out_of_memory(nbytes, size, alloc_size, stream) from None
         if block is None and self._release_available_cached_blocks(pool, size, stream):
             block = self._grow(pool, size, alloc_size, stream, is_retry=False)
         if block is None:
@@ -442,6 +446,8 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         if self._arenas and own_source:
             return self._grow_arena(pool, size, stream)
         if self._fraction_refuses(alloc_size):
+            if self.config.throw_on_cudamalloc_oom:
+                raise FractionRejection
             return None
         if self._expandable and own_source:
             return self._grow_expandable(pool, size, stream)
@@ -459,12 +465,19 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         """Count ``nbytes`` newly held from the device (a segment or mapped pages), or with
         ``nbytes`` < 0 given back: reserved bytes and one device allocation or free."""
         self._reserved += nbytes
+        stats = self.stats
+        arrays = [stats.reserved_bytes]
+        if pool.pool_id is not DEFAULT_POOL_ID:  # a MemPool's: its own reserved_bytes too
+            arrays.append(stats.private_pool_reserved(pool.pool_id))
+        for array in arrays:
+            if nbytes > 0:
+                array.increase(pool.is_small, nbytes)
+            else:
+                array.decrease(pool.is_small, -nbytes)
         if nbytes > 0:
-            self.stats.reserved_bytes.increase(pool.is_small, nbytes)
-            self.stats.num_device_alloc += 1
+            stats.num_device_alloc += 1
         else:
-            self.stats.reserved_bytes.decrease(pool.is_small, -nbytes)
-            self.stats.num_device_free += 1
+            stats.num_device_free += 1
 
     def _fraction_refuses(self, nbytes: int) -> bool:
         """Whether the memory fraction forbids reserving ``nbytes`` more (no device asked)."""
@@ -1263,6 +1276,16 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             if self._observer is not None:
                 self._observer.annotate(name, stage)
 
+    @atomic
+    def annotate_block(self, block: Block, metadata: str) -> None:
+        """Add an ``annotate`` entry for allocated ``block`` to the history, if one is
+        recorded (History.annotate_allocation); ``block`` must be this allocator's."""
+        with self._lock:
+            if self._observer is not None:
+                self._observer.annotate_allocation(
+                    block.address, block.size, block.stream, metadata
+                )
+
     def annotations(self) -> list[Annotation]:
         """Return the history's named stages as snapshot ``external_annotations`` entries."""
         with self._lock:
@@ -1300,6 +1323,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         """One snapshot segment of ``blocks`` (mapped, in address order), in one pass."""
         infos: list[BlockInfo] = []
         total = allocated = active = requested = 0
+        shared = segment.stream == SHARED_STREAM  # an arena: say each block's owner
         for b in blocks:
             size = b.size
             total += size
@@ -1314,15 +1338,16 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
                 state, asked = "inactive", 0
             requested += asked
             frames = b.frames
-            infos.append(
-                {
-                    "address": b.address,
-                    "size": size,
-                    "requested_size": asked,
-                    "state": state,
-                    "frames": frames_to_dicts(frames) if frames else [],
-                }
-            )
+            info: BlockInfo = {
+                "address": b.address,
+                "size": size,
+                "requested_size": asked,
+                "state": state,
+                "frames": frames_to_dicts(frames) if frames else [],
+            }
+            if shared:
+                info["stream"] = b.stream
+            infos.append(info)
         return {
             "device": self.device_index,
             "address": blocks[0].address,
@@ -1331,7 +1356,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             "active_size": active,
             "requested_size": requested,
             # an arena (policy:accelrt) has blocks of several streams: its lowest block's
-            "stream": blocks[0].stream if segment.stream == SHARED_STREAM else segment.stream,
+            "stream": blocks[0].stream if shared else segment.stream,
             "segment_type": "small" if segment.is_small else "large",
             "segment_pool_id": segment.pool.pool_id,
             "is_expandable": segment.is_expandable,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 
 from ...backends._base import Backend, EventHandle
+from .._config import AllocatorConfig
 from .._policy import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
 from ._block import (
     DEFAULT_POOL_ID,
@@ -39,6 +40,7 @@ from ._block import (
     PoolId,
     link_after,
 )
+from ._oom import FractionRejection
 from ._source import MemorySource
 from ._stats import DeviceStats
 
@@ -58,6 +60,7 @@ class SharedArenas:
 
     backend: Backend
     device_index: int
+    config: AllocatorConfig
     stats: DeviceStats
     _source: MemorySource
     _segments: dict[int, AnySegment]
@@ -224,6 +227,10 @@ class SharedArenas:
             if mapped is None and need > exact:  # refused: the pages the request needs only
                 mapped = self._map_part(pool, at, exact, stream, base, run_end)
             if mapped is None:
+                limit = self._allowed_max
+                past = limit is not None and self._reserved + exact > limit
+                if past and self.config.throw_on_cudamalloc_oom:  # no retries
+                    raise FractionRejection
                 return None
             current = mapped
         pool.remove(current)

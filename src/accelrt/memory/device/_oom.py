@@ -6,7 +6,14 @@ from __future__ import annotations
 from ..._errors import OutOfMemoryError
 from ..._units import format_bytes
 
-__all__ = ["out_of_memory_error"]
+__all__ = ["FractionRejection", "out_of_memory_error"]
+
+
+class FractionRejection(Exception):
+    """Raised inside the allocator when ``throw_on_cudamalloc_oom`` is set and a map or segment
+    would take reserved memory past the memory fraction; ``malloc`` turns it into an
+    ``OutOfMemoryError`` at once, without the ladder's retries (PyTorch 2.14's preemptive
+    rejection, counted in ``num_oom_rejections``)."""
 
 
 def out_of_memory_error(

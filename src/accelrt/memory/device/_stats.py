@@ -36,6 +36,7 @@ _COUNTERS: tuple[str, ...] = (
     "num_sync_all_streams",
     "num_device_alloc",
     "num_device_free",
+    "num_oom_rejections",
 )
 
 
@@ -115,6 +116,7 @@ class DeviceStats:
     """Every statistic of one device's allocator (docs/allocator.md section 8)."""
 
     __slots__ = (
+        "_array_type",
         "active",
         "active_bytes",
         "allocated_bytes",
@@ -125,12 +127,14 @@ class DeviceStats:
         "num_alloc_retries",
         "num_device_alloc",
         "num_device_free",
+        "num_oom_rejections",
         "num_ooms",
         "num_sync_all_streams",
         "oversize_allocations",
         "oversize_segments",
         "requested_bytes",
         "reserved_bytes",
+        "reserved_bytes_by_private_pools",
         "segment",
     )
 
@@ -160,13 +164,30 @@ class DeviceStats:
         self.num_sync_all_streams = 0
         self.num_device_alloc = 0
         self.num_device_free = 0
+        self.num_oom_rejections = 0
         self.max_split_size = max_split_size
+        #: ``reserved_bytes`` of each private pool (``MemPool``) that has reserved memory, by
+        #: pool id; an entry stays when the pool's memory is given back (current 0)
+        self.reserved_bytes_by_private_pools: dict[tuple[int, int], StatArray] = {}
+        self._array_type = array_type
+
+    def private_pool_reserved(self, pool_id: tuple[int, int]) -> StatArray:
+        """The ``reserved_bytes`` StatArray of private pool ``pool_id`` (made at first use)."""
+        array = self.reserved_bytes_by_private_pools.get(pool_id)
+        if array is None:
+            array = self.reserved_bytes_by_private_pools[pool_id] = self._array_type()
+        return array
 
     def _arrays(self) -> list[tuple[str, StatArray]]:
-        return [(name, getattr(self, name)) for name in STAT_ARRAY_NAMES]
+        arrays = [(name, getattr(self, name)) for name in STAT_ARRAY_NAMES]
+        for (first, second), array in self.reserved_bytes_by_private_pools.items():
+            arrays.append((f"reserved_bytes_by_private_pools.{first}_{second}", array))
+        return arrays
 
     def as_dict(self) -> dict[str, int]:
-        """Flatten into ``memory_stats()`` keys, sorted; e.g. ``allocated_bytes.all.current``."""
+        """Flatten into ``memory_stats()`` keys, sorted; e.g. ``allocated_bytes.all.current``,
+        and a private pool's ``reserved_bytes_by_private_pools.<id0>_<id1>.all.current`` (the
+        pool id's two numbers joined by ``_``, as PyTorch 2.14 flattens its nested dict)."""
         out: dict[str, int] = {}
         for name, array in self._arrays():
             for pool, stat in zip(_POOLS, array.stats(), strict=True):

@@ -55,14 +55,22 @@ class Frame(TypedDict):
     name: str
 
 
-class BlockInfo(TypedDict):
-    """A block of a segment. ``state``: active_allocated, active_pending_free or inactive."""
-
+class _BlockKeys(TypedDict):
     address: int
     size: int
     requested_size: int
     state: str
     frames: list[Frame]
+
+
+class BlockInfo(_BlockKeys, total=False):
+    """A block of a segment. ``state``: active_allocated, active_pending_free or inactive.
+
+    ``stream`` (accelrt's, not PyTorch's) is there only in an arena of ``policy:accelrt``,
+    whose blocks belong to several streams: the block's owner stream (docs/allocator.md 16.5).
+    """
+
+    stream: int
 
 
 class SegmentInfo(TypedDict):
@@ -172,7 +180,7 @@ def get_user_metadata() -> str:
 
 ACTIONS = frozenset({
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-    "segment_unmap", "oom",
+    "segment_unmap", "oom", "annotate",
 })  # fmt: skip
 """The actions a history records (PyTorch's trace entry actions)."""
 
@@ -253,7 +261,8 @@ class History:
         ----------
         action : str
             "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-            "segment_map", "segment_unmap" or "oom".
+            "segment_map", "segment_unmap" or "oom" ("annotate" entries come from
+            :meth:`annotate_allocation`).
         addr, size, stream : int
             The entry's address, bytes (the requested size for alloc and frees, the segment's
             or mapped range's bytes for segment entries, the rounded request for "oom") and
@@ -287,6 +296,15 @@ class History:
             self.entries.append(
                 (action, addr, size, stream, now_us, frames, device_free, _USER_METADATA.value)
             )
+
+    def annotate_allocation(self, addr: int, size: int, stream: int, metadata: str) -> None:
+        """Keep an ``annotate`` entry for the live allocation at ``addr`` (``size`` bytes):
+        ``metadata`` as its ``user_metadata``, the caller's stack as allocations keep theirs;
+        in "all" mode, unless ``skip_actions`` has "annotate"."""
+        if self.enabled == "all" and "annotate" not in self.skip_actions:
+            frames = capture_frames() if self.stack_allocs else None
+            now_us = time.time_ns() // 1000
+            self.entries.append(("annotate", addr, size, stream, now_us, frames, 0, metadata))
 
     def annotate(self, name: str, stage: str) -> None:
         """Keep one edge of a named stage (``stage`` "START" or "END"), in "all" mode, from
