@@ -31,6 +31,7 @@ import time
 
 from ..._device import Device
 from ..._errors import OutOfMemoryError
+from ..._lazy import made_once
 from ..._units import format_bytes
 from ...backends._base import Backend
 from .._atomic import PENDING, atomic, deliver, protect_sigint, register
@@ -134,15 +135,10 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
 
     def source(self, device_index: int) -> HostMemorySource:
         """Return the memory source of a device (created on first use)."""
-        source = self._sources.get(device_index)
-        if source is None:
-            with self._lock:
-                source = self._sources.get(device_index)
-                if source is None:
-                    source = self._sources[device_index] = HostMemorySource(
-                        self.backend, device_index
-                    )
-        return source
+        return made_once(self._sources, device_index, self._lock, self._new_source)
+
+    def _new_source(self, device_index: int) -> HostMemorySource:
+        return HostMemorySource(self.backend, device_index)
 
     def device_info(self, device_index: int) -> tuple[Device, bool]:
         """Return ``(Device, pinned)`` of a device: whether its host memory is pinned."""
