@@ -42,6 +42,17 @@ class _Reservation:
         self.handles: dict[int, CUmemGenericAllocationHandle] = {}  # by page address
 
 
+def _forget_address(addresses: set[int], index: int, ptr: int, allocated_by: str) -> None:
+    """Remove ``ptr`` from the live ``addresses`` of device ``index`` before its driver free.
+
+    Raises ``ValueError`` if ``ptr`` is not one of them: not an address ``allocated_by``
+    (``malloc``, ``host_alloc``) returned, or freed already; nothing changes then.
+    """
+    if ptr not in addresses:
+        raise ValueError(f"cuda:{index}: {ptr:#x} is not an address returned by {allocated_by}")
+    addresses.discard(ptr)
+
+
 class _CUDADevice:
     """Per-device state, created on the device's first use (retains the primary context)."""
 

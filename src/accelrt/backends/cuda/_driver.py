@@ -128,6 +128,19 @@ class _DriverCalls:
             return None
         return result[1] if len(result) == 2 else tuple(result[1:])
 
+    def _call_allocating(self, function: str, index: int, nbytes: int, *args: object) -> Any:
+        """Call driver ``function``, which obtains ``nbytes`` (memory, address space); return
+        its output (an address or a handle, untyped as ``cuda-bindings`` is).
+
+        Raises ``BackendOutOfMemory`` for ``CUDA_ERROR_OUT_OF_MEMORY`` (the allocator frees
+        cached blocks and retries), ``CUDAError`` for any other result but ``CUDA_SUCCESS``.
+        """
+        result = getattr(self.driver, function)(*args)
+        code = int(result[0])
+        if code != CUDA_SUCCESS:
+            self._oom_or_raise(function, index, code, nbytes)
+        return result[1]
+
     def _oom_or_raise(self, function: str, index: int, code: int, nbytes: int) -> None:
         """Raise ``BackendOutOfMemory`` for an out-of-memory result, else ``CUDAError``."""
         if code == CUDA_ERROR_OUT_OF_MEMORY:
