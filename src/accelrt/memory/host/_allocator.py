@@ -168,10 +168,7 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
         size = 1 << (nbytes - 1).bit_length()
         with self._lock:
             try:  # atomic: all or nothing, even under KeyboardInterrupt
-                if self._finalized:
-                    self._free_finalized()
-                if self._events:
-                    self._process_events()
+                self._catch_up()
                 cached = self._free.get((device_index, size))
                 if cached:
                     block = cached.pop()
@@ -243,10 +240,7 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
                 )
             try:  # atomic: all or nothing, even under KeyboardInterrupt
                 block.allocated = False
-                if block.streams:
-                    self._insert_events(block)
-                else:
-                    self._free_block(block)
+                self._release(block, bool(block.streams))
             finally:
                 if PENDING.flag:
                     deliver()
@@ -311,10 +305,7 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
             For a driver error; the blocks not yet released stay cached, all counted.
         """
         with self._lock:
-            if self._finalized:
-                self._free_finalized()
-            if self._events:
-                self._process_events()
+            self._catch_up()
             stats = self.stats
             for key in sorted(self._free):
                 cached = self._free[key]
