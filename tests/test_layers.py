@@ -16,8 +16,18 @@ import accelrt
 SRC = Path(accelrt.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    # leaves: errors, units, text, the compiled-module switch, devices
-    ("_errors", "_units", "_text", "_gc", "_compiled", "_stream_ops", "_device", "_version"),
+    # leaves: errors, units, text, values made once, the compiled-module switch, devices
+    (
+        "_errors",
+        "_units",
+        "_text",
+        "_gc",
+        "_lazy",
+        "_compiled",
+        "_stream_ops",
+        "_device",
+        "_version",
+    ),
     ("backends",),
     ("_runtime", "_accelerator"),
     # memory's plain parts: settings, rules, all-or-nothing operations, history

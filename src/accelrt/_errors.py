@@ -21,9 +21,40 @@ without parsing text, and it pickles (it crosses process boundaries in multiproc
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypedDict
+from dataclasses import KW_ONLY, Field, InitVar, dataclass, fields
+from typing import Any, ClassVar
 
 __all__ = ["AcceleratorError", "InputError", "OutOfMemoryError"]
+
+
+class MessageAndFields(Exception):
+    """The base of an exception made of a message and keyword-only fields: a dataclass whose
+    first, positional argument is ``message: InitVar[str]`` (the exception's ``str`` and
+    ``args``), then ``_: KW_ONLY`` and the fields, kept as attributes of the same names.
+
+    It pickles them: ``BaseException`` pickles only ``args``, which would lose the fields (and
+    the constructor would refuse the call without them), so ``__reduce__`` passes the message
+    and the fields by name (the errors cross process boundaries in multiprocessing pools).
+    The dataclass is declared ``eq=False, repr=False``: errors compare by identity and show as
+    ``BaseException`` shows them.
+    """
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    def __post_init__(self, message: str) -> None:
+        super().__init__(message)
+
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[..., BaseException], tuple[type[BaseException], str, dict[str, Any]]]:
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        return (_rebuild, (type(self), str(self), values))
+
+
+def _rebuild(
+    cls: Callable[..., BaseException], message: str, values: dict[str, Any]
+) -> BaseException:
+    return cls(message, **values)
 
 
 class InputError(ValueError):
@@ -48,7 +79,8 @@ class AcceleratorError(RuntimeError):
     """
 
 
-class OutOfMemoryError(AcceleratorError, MemoryError):
+@dataclass(eq=False, repr=False)
+class OutOfMemoryError(MessageAndFields, AcceleratorError, MemoryError):
     """The caching allocator could not obtain device memory for a request.
 
     Mirrors ``torch.OutOfMemoryError``. Raised after the allocator has tried every step of its
@@ -75,43 +107,8 @@ class OutOfMemoryError(AcceleratorError, MemoryError):
         The device's total memory.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        device: str,
-        requested_bytes: int,
-        allocation_bytes: int,
-        allocated_bytes: int,
-        reserved_bytes: int,
-        free_bytes: int,
-        total_bytes: int,
-    ) -> None:
-        super().__init__(message)
-        self.device = device
-        self.requested_bytes = requested_bytes
-        self.allocation_bytes = allocation_bytes
-        self.allocated_bytes = allocated_bytes
-        self.reserved_bytes = reserved_bytes
-        self.free_bytes = free_bytes
-        self.total_bytes = total_bytes
-
-    def __reduce__(
-        self,
-    ) -> tuple[Callable[[str, _OomFields], OutOfMemoryError], tuple[str, _OomFields]]:
-        kwargs: _OomFields = {
-            "device": self.device,
-            "requested_bytes": self.requested_bytes,
-            "allocation_bytes": self.allocation_bytes,
-            "allocated_bytes": self.allocated_bytes,
-            "reserved_bytes": self.reserved_bytes,
-            "free_bytes": self.free_bytes,
-            "total_bytes": self.total_bytes,
-        }
-        return (_rebuild_oom, (str(self), kwargs))
-
-
-class _OomFields(TypedDict):
+    message: InitVar[str]
+    _: KW_ONLY
     device: str
     requested_bytes: int
     allocation_bytes: int
@@ -119,7 +116,3 @@ class _OomFields(TypedDict):
     reserved_bytes: int
     free_bytes: int
     total_bytes: int
-
-
-def _rebuild_oom(message: str, kwargs: _OomFields) -> OutOfMemoryError:
-    return OutOfMemoryError(message, **kwargs)

@@ -9,6 +9,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
+from ..._lazy import made_once
 from ..._text import error_line
 from .._base import STORAGE_DTYPE_NAMES, DType, dtypes, visible_devices
 from ._driver import (
@@ -39,6 +40,17 @@ class _Reservation:
     def __init__(self, size: int) -> None:
         self.size = size
         self.handles: dict[int, CUmemGenericAllocationHandle] = {}  # by page address
+
+
+def _forget_address(addresses: set[int], index: int, ptr: int, allocated_by: str) -> None:
+    """Remove ``ptr`` from the live ``addresses`` of device ``index`` before its driver free.
+
+    Raises ``ValueError`` if ``ptr`` is not one of them: not an address ``allocated_by``
+    (``malloc``, ``host_alloc``) returned, or freed already; nothing changes then.
+    """
+    if ptr not in addresses:
+        raise ValueError(f"cuda:{index}: {ptr:#x} is not an address returned by {allocated_by}")
+    addresses.discard(ptr)
 
 
 class _CUDADevice:
@@ -267,15 +279,13 @@ class _Devices(_DriverCalls):
 
     def _dev(self, index: int) -> _CUDADevice:
         """The device's state, retaining its primary context on first use."""
-        state = self._state.get(index)
-        if state is None:
-            with self._lock:
-                state = self._state.get(index)
-                if state is None:
-                    device = self._device(index)
-                    context = self._call("cuDevicePrimaryCtxRetain", index, device)
-                    state = self._state[index] = _CUDADevice(device, context)
-        return state
+        return made_once(self._state, index, self._lock, self._retain)
+
+    def _retain(self, index: int) -> _CUDADevice:
+        """A new state of the device: its primary context retained (``_dev``, under the lock)."""
+        device = self._device(index)
+        context = self._call("cuDevicePrimaryCtxRetain", index, device)
+        return _CUDADevice(device, context)
 
     def _enter(self, index: int) -> tuple[_CUDADevice, CUcontext | None]:
         """Make device ``index``'s primary context current; return its state and the context to

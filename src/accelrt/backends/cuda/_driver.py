@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol, TypedDict
+from dataclasses import KW_ONLY, InitVar, dataclass
+from typing import Any, Protocol
 
-from ..._errors import AcceleratorError
+from ..._errors import AcceleratorError, MessageAndFields
 from ..._text import error_line
 from .._base import BackendOutOfMemory
 
@@ -34,13 +34,8 @@ def _load_driver() -> DriverLayer:
     return layer
 
 
-class _ErrorFields(TypedDict):
-    function: str
-    result: int
-    error_name: str
-
-
-class CUDAError(AcceleratorError):
+@dataclass(eq=False, repr=False)
+class CUDAError(MessageAndFields, AcceleratorError):
     """A CUDA driver call failed.
 
     Parameters
@@ -59,25 +54,11 @@ class CUDAError(AcceleratorError):
     Mirrors ``torch.AcceleratorError`` raised for ``cudaError_t`` failures; pickles.
     """
 
-    def __init__(self, message: str, *, function: str, result: int, error_name: str) -> None:
-        super().__init__(message)
-        self.function = function
-        self.result = result
-        self.error_name = error_name
-
-    def __reduce__(
-        self,
-    ) -> tuple[Callable[[str, _ErrorFields], CUDAError], tuple[str, _ErrorFields]]:
-        kwargs: _ErrorFields = {
-            "function": self.function,
-            "result": self.result,
-            "error_name": self.error_name,
-        }
-        return (_rebuild_cuda_error, (str(self), kwargs))
-
-
-def _rebuild_cuda_error(message: str, kwargs: _ErrorFields) -> CUDAError:
-    return CUDAError(message, **kwargs)
+    message: InitVar[str]
+    _: KW_ONLY
+    function: str
+    result: int
+    error_name: str
 
 
 class _DriverCalls:
@@ -146,6 +127,19 @@ class _DriverCalls:
         if len(result) == 1:
             return None
         return result[1] if len(result) == 2 else tuple(result[1:])
+
+    def _call_allocating(self, function: str, index: int, nbytes: int, *args: object) -> Any:
+        """Call driver ``function``, which obtains ``nbytes`` (memory, address space); return
+        its output (an address or a handle, untyped as ``cuda-bindings`` is).
+
+        Raises ``BackendOutOfMemory`` for ``CUDA_ERROR_OUT_OF_MEMORY`` (the allocator frees
+        cached blocks and retries), ``CUDAError`` for any other result but ``CUDA_SUCCESS``.
+        """
+        result = getattr(self.driver, function)(*args)
+        code = int(result[0])
+        if code != CUDA_SUCCESS:
+            self._oom_or_raise(function, index, code, nbytes)
+        return result[1]
 
     def _oom_or_raise(self, function: str, index: int, code: int, nbytes: int) -> None:
         """Raise ``BackendOutOfMemory`` for an out-of-memory result, else ``CUDAError``."""

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ._devices import _Devices
-from ._driver import CUDA_SUCCESS
+from ._devices import _Devices, _forget_address
 
 
 class _HostMemory(_Devices):
@@ -40,12 +39,8 @@ class _HostMemory(_Devices):
         -----
         Mirrors ``cudaHostAlloc`` in PyTorch's ``CachingHostAllocator``.
         """
-        drv = self.driver
-        result = drv.cuMemHostAlloc(nbytes, int(drv.CU_MEMHOSTALLOC_PORTABLE))
-        code = int(result[0])
-        if code != CUDA_SUCCESS:
-            self._oom_or_raise("cuMemHostAlloc", index, code, nbytes)
-        ptr = int(result[1])
+        portable = int(self.driver.CU_MEMHOSTALLOC_PORTABLE)
+        ptr = int(self._call_allocating("cuMemHostAlloc", index, nbytes, nbytes, portable))
         with self._lock:
             self._host.add(ptr)
         return ptr
@@ -61,7 +56,5 @@ class _HostMemory(_Devices):
             If the driver fails.
         """
         with self._lock:
-            if ptr not in self._host:
-                raise ValueError(f"cuda:{index}: {ptr:#x} is not an address returned by host_alloc")
-            self._host.discard(ptr)
+            _forget_address(self._host, index, ptr, "host_alloc")
         self._call("cuMemFreeHost", index, ptr)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._devices import _Devices, _Reservation
-from ._driver import CUDA_SUCCESS
+from ._devices import _Devices, _forget_address, _Reservation
 
 if TYPE_CHECKING:
     from cuda.bindings.driver import CUmemAllocationProp, CUmemGenericAllocationHandle
@@ -26,11 +25,7 @@ class _DeviceMemory(_Devices):
             On any other driver error.
         """
         state = self._dev(index)
-        result = self.driver.cuMemAlloc(nbytes)
-        code = int(result[0])
-        if code != CUDA_SUCCESS:
-            self._oom_or_raise("cuMemAlloc", index, code, nbytes)
-        ptr = int(result[1])
+        ptr = int(self._call_allocating("cuMemAlloc", index, nbytes, nbytes))
         state.allocations.add(ptr)
         return ptr
 
@@ -44,10 +39,7 @@ class _DeviceMemory(_Devices):
         CUDAError
             If the driver fails (the memory then counts as freed).
         """
-        state = self._dev(index)
-        if ptr not in state.allocations:
-            raise ValueError(f"cuda:{index}: {ptr:#x} is not an address returned by malloc")
-        state.allocations.discard(ptr)
+        _forget_address(self._dev(index).allocations, index, ptr, "malloc")
         self._call("cuMemFree", index, self.driver.CUdeviceptr(ptr))
 
     def mem_get_info(self, index: int) -> tuple[int, int]:
@@ -106,11 +98,12 @@ class _DeviceMemory(_Devices):
         """
         granularity = self._check_pages(index, "reserve", nbytes)
         state = self._dev(index)
-        result = self.driver.cuMemAddressReserve(nbytes, granularity, self.driver.CUdeviceptr(0), 0)
-        code = int(result[0])
-        if code != CUDA_SUCCESS:
-            self._oom_or_raise("cuMemAddressReserve", index, code, nbytes)
-        address = int(result[1])
+        start = self.driver.CUdeviceptr(0)  # no preferred address
+        address = int(
+            self._call_allocating(
+                "cuMemAddressReserve", index, nbytes, nbytes, granularity, start, 0
+            )
+        )
         with self._lock:
             state.reservations[address] = _Reservation(nbytes)
         return address
@@ -176,11 +169,9 @@ class _DeviceMemory(_Devices):
             mapped: list[int] = []
             try:
                 for _ in pages:
-                    result = drv.cuMemCreate(granularity, prop, 0)
-                    code = int(result[0])
-                    if code != CUDA_SUCCESS:
-                        self._oom_or_raise("cuMemCreate", index, code, nbytes)
-                    created.append(result[1])
+                    created.append(
+                        self._call_allocating("cuMemCreate", index, nbytes, granularity, prop, 0)
+                    )
                 for page, handle in zip(pages, created, strict=True):
                     self._call("cuMemMap", index, drv.CUdeviceptr(page), granularity, 0, handle, 0)
                     mapped.append(page)

@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
+from ..._lazy import made_once
 from .._base import DType, dtypes, visible_devices
 from ._cl import Marker, SVMMemcpy, _import_cl, _svm_memcpy_by_enqueue_copy
 from ._queues import _CLStream
@@ -140,14 +141,10 @@ class _Devices:
         return dtypes(names)
 
     def _dev(self, index: int) -> _CLDevice:
-        state = self._state.get(index)
-        if state is None:
-            with self._lock:
-                state = self._state.get(index)
-                if state is None:
-                    state = _CLDevice(_import_cl(), self._devices()[index], index)
-                    self._state[index] = state
-        return state
+        return made_once(self._state, index, self._lock, self._new_dev)
+
+    def _new_dev(self, index: int) -> _CLDevice:
+        return _CLDevice(_import_cl(), self._devices()[index], index)
 
     def context(self, index: int) -> pyopencl.Context:
         """Return the device's ``pyopencl.Context`` (for native interop, e.g. user events)."""

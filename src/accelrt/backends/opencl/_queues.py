@@ -17,6 +17,7 @@ from ._cl import (
     SVMMemcpy,
     WaitList,
     _host_array,
+    _is_complete,
     _raise_driver_error,
 )
 
@@ -140,15 +141,9 @@ class _CLStream(SVMStreamOps):
 
         Work enqueued directly on the native queue is not seen; record an event after it.
         """
-        last = self.last
-        if last is None:  # nothing enqueued, or finished
-            return True
-        try:
-            status: int = last.get_info(_EXECUTION_STATUS)
-        except Exception as exc:
-            _raise_driver_error("stream_query", exc)
-            raise
-        return status == _CL_COMPLETE
+        return _is_complete(
+            self.last, "stream_query"
+        )  # last: None if nothing enqueued, or finished
 
     # synchronize: QueueStreamOps's (compiled where it can be), with these two
     def missing(self) -> NoReturn:

@@ -63,6 +63,22 @@ class StreamEvents(Generic[B]):
     def _free_if_allocated(self, block: B) -> None:
         raise NotImplementedError
 
+    def _catch_up(self) -> None:
+        """An operation's first step: the frees finalisers deferred, then the blocks whose
+        streams' events have completed (each only where there is any)."""
+        if self._finalized:
+            self._free_finalized()
+        if self._events:
+            self._process_events()
+
+    def _release(self, block: B, used_elsewhere: bool) -> None:
+        """A free's last step: ``block`` is reusable now, or, where other streams used it
+        (``used_elsewhere``), once the events recorded on them have completed."""
+        if used_elsewhere:
+            self._insert_events(block)
+        else:
+            self._free_block(block)
+
     def _insert_events(self, block: B) -> None:
         """Record an event on every other stream that used the block; free it when none is
         needed. A stream that cannot take an event (destroyed, or a driver error) is waited

@@ -31,6 +31,7 @@ import time
 
 from ..._device import Device
 from ..._errors import OutOfMemoryError
+from ..._lazy import made_once
 from ..._units import format_bytes
 from ...backends._base import Backend
 from .._atomic import PENDING, atomic, deliver, protect_sigint, register
@@ -134,15 +135,10 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
 
     def source(self, device_index: int) -> HostMemorySource:
         """Return the memory source of a device (created on first use)."""
-        source = self._sources.get(device_index)
-        if source is None:
-            with self._lock:
-                source = self._sources.get(device_index)
-                if source is None:
-                    source = self._sources[device_index] = HostMemorySource(
-                        self.backend, device_index
-                    )
-        return source
+        return made_once(self._sources, device_index, self._lock, self._new_source)
+
+    def _new_source(self, device_index: int) -> HostMemorySource:
+        return HostMemorySource(self.backend, device_index)
 
     def device_info(self, device_index: int) -> tuple[Device, bool]:
         """Return ``(Device, pinned)`` of a device: whether its host memory is pinned."""
@@ -172,10 +168,7 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
         size = 1 << (nbytes - 1).bit_length()
         with self._lock:
             try:  # atomic: all or nothing, even under KeyboardInterrupt
-                if self._finalized:
-                    self._free_finalized()
-                if self._events:
-                    self._process_events()
+                self._catch_up()
                 cached = self._free.get((device_index, size))
                 if cached:
                     block = cached.pop()
@@ -247,10 +240,7 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
                 )
             try:  # atomic: all or nothing, even under KeyboardInterrupt
                 block.allocated = False
-                if block.streams:
-                    self._insert_events(block)
-                else:
-                    self._free_block(block)
+                self._release(block, bool(block.streams))
             finally:
                 if PENDING.flag:
                     deliver()
@@ -315,10 +305,7 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
             For a driver error; the blocks not yet released stay cached, all counted.
         """
         with self._lock:
-            if self._finalized:
-                self._free_finalized()
-            if self._events:
-                self._process_events()
+            self._catch_up()
             stats = self.stats
             for key in sorted(self._free):
                 cached = self._free[key]
