@@ -113,6 +113,7 @@ def test_memory_stats_keys(sim: str) -> None:
         "num_sync_all_streams",
         "num_device_alloc",
         "num_device_free",
+        "num_oom_rejections",  # PyTorch 2.14
         "max_split_size",
     }
     assert set(keys) == expected

@@ -141,9 +141,7 @@ class _CLStream(SVMStreamOps):
 
         Work enqueued directly on the native queue is not seen; record an event after it.
         """
-        return _is_complete(
-            self.last, "stream_query"
-        )  # last: None if nothing enqueued, or finished
+        return _is_complete(self.last, "stream_query")  # last is None: nothing enqueued, or done
 
     # synchronize: QueueStreamOps's (compiled where it can be), with these two
     def missing(self) -> NoReturn:

@@ -328,10 +328,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             nbytes = _request_size(nbytes, "device")
         with self._lock:
             try:  # atomic: all or nothing, even under KeyboardInterrupt
-                if self._finalized:
-                    self._free_finalized()
-                if self._events:
-                    self._process_events()
+                self._catch_up()
                 size = round_size(nbytes, self.config)
                 if self._routes:
                     pool = self._routed_pool(size)
@@ -849,10 +846,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
                 stats.allocated_bytes.decrease(is_small, block.size)
                 if block.size >= self._max_split:
                     stats.oversize_allocations.decrease(1)
-                if block.stream_uses:
-                    self._insert_events(block)
-                else:
-                    self._free_block(block)
+                self._release(block, bool(block.stream_uses))
             finally:
                 if PENDING.flag:
                     deliver()
