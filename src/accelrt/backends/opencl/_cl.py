@@ -89,20 +89,6 @@ def _svm_memcpy_by_enqueue_copy(
     return event
 
 
-def _is_complete(command: CLEvent | None, call: str) -> bool:
-    """Whether a command (its event; None: nothing to wait for) has completed: stream and
-    event queries both ask this. A PyOpenCL error becomes ``AcceleratorError`` naming
-    ``call`` (see :func:`_raise_driver_error`)."""
-    if command is None:
-        return True
-    try:
-        status: int = command.get_info(_EXECUTION_STATUS)
-    except Exception as exc:
-        _raise_driver_error(call, exc)
-        raise
-    return status == _CL_COMPLETE
-
-
 def _raise_driver_error(call: str, exc: Exception) -> None:
     """Raise ``AcceleratorError`` from ``exc`` if PyOpenCL raised it; return otherwise.
 

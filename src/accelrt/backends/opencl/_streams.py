@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._queue_streams import QueueStreamsEvents
-from ._cl import _import_cl, _is_complete, _raise_driver_error
+from ._cl import _CL_COMPLETE, _EXECUTION_STATUS, _import_cl, _raise_driver_error
 from ._devices import _Devices
 from ._queues import OpenCLEvent, _CLStream, _drop_completed, _finish, _no_stream, _svm
 
@@ -64,7 +64,15 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream, OpenCLEvent]):
     # events
     def event_query(self, event: OpenCLEvent) -> bool:
         """True if unrecorded or the marker has completed."""
-        return _is_complete(event.marker, "event_query")
+        marker = event.marker
+        if marker is None:
+            return True
+        try:
+            status: int = marker.get_info(_EXECUTION_STATUS)
+        except Exception as exc:
+            _raise_driver_error("event_query", exc)
+            raise
+        return status == _CL_COMPLETE
 
     def event_synchronize(self, event: OpenCLEvent) -> None:
         """``clWaitForEvents`` on the marker; forget the host objects of the stream's copies
