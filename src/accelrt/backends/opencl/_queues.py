@@ -139,8 +139,8 @@ class _CLStream(SVMStreamOps):
         """Whether the last command accelrt enqueued on the queue has completed.
 
         Work enqueued directly on the native queue is not seen; record an event after it.
-        ``_streams.event_query`` asks the same of a marker, written out in both places: one
-        more call here is a fifth of the call's cost (bench/runtime_overhead.py).
+        ``_streams.event_query`` asks the same of a marker, written out in both places: a
+        shared helper adds a call to this hot path (``bench/runtime_overhead.py`` measures it).
         """
         last = self.last
         if last is None:  # nothing enqueued, or finished
