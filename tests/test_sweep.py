@@ -508,7 +508,8 @@ def test_a_server_that_is_not_dask_is_refused_within_the_timeout(
          "settings: max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, "
          "roundup_power2_divisions, "
          "garbage_collection_threshold, expandable_segments, per_process_memory_fraction, "
-         "release_lock_on_malloc, policy (in 'foo:1') (see 'accelrt sweep --help')"),
+         "release_lock_on_malloc, throw_on_cudamalloc_oom, policy (in 'foo:1') "
+         "(see 'accelrt sweep --help')"),
         (["--grid", "max_split_size_mb=128,1"], "max_split_size_mb must be an integer >= 20 "
          "(MiB), got '1'; allowed: ASCII digits, 20 to 1099511627776 (2**40) (in grid setting "
          "'max_split_size_mb:1')"),
