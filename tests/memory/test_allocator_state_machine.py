@@ -121,6 +121,7 @@ class World:
         self.roundup = roundup
         self.gc_threshold = gc_threshold
         self.arenas = arenas  # policy:accelrt (docs/allocator.md section 16)
+        self.throw_on_oom = False  # throw_on_cudamalloc_oom (docs/allocator.md section 6)
         with warnings.catch_warnings():  # the settings policy:accelrt ignores, said once
             warnings.simplefilter("ignore", RuntimeWarning)
             self.alloc = CachingAllocator(self.backend, 0, self.config())
@@ -150,6 +151,8 @@ class World:
             parts.append(f"garbage_collection_threshold:{self.gc_threshold}")
         if self.arenas:
             parts.append("policy:accelrt")
+        if self.throw_on_oom:
+            parts.append("throw_on_cudamalloc_oom:True")
         return AllocatorConfig.parse(",".join(parts))
 
     @property
@@ -237,6 +240,13 @@ class World:
         stats = alloc.memory_stats()
         assert isinstance(error, MemoryError)
         assert stats["num_ooms"] == before["num_ooms"] + 1
+        rejected = stats["num_oom_rejections"] - before["num_oom_rejections"]
+        assert rejected in (0, 1) and (not rejected or self.throw_on_oom)
+        if rejected:  # refused past the fraction at once: no retry, nothing released
+            note("malloc: rejected past the fraction (throw_on_cudamalloc_oom)")
+            assert self.allowed is not None
+            assert stats["num_alloc_retries"] == before["num_alloc_retries"]
+            assert stats["num_device_free"] == before["num_device_free"]
         assert error.requested_bytes == nbytes
         alloc_size = round_up(rounded, SMALL_PAGE) if self.arenas else segment_size(rounded)
         assert error.allocation_bytes == alloc_size
@@ -255,8 +265,8 @@ class World:
             assert refused or free < round_up(rounded, page_of(rounded <= MiB))
         else:
             assert refused or free < alloc_size, "out of memory with room for the segment"
-        # step 6 of the ladder waited for all events and released every whole free segment
-        self.check_cache_released(unmapped_too=not self.pages)
+        if not rejected:  # step 6 waited for all events and released every whole free segment
+            self.check_cache_released(unmapped_too=not self.pages)
 
     def free(self, pick: int) -> None:
         record = self.live.pop(pick % len(self.live))
@@ -430,16 +440,20 @@ class World:
         alloc = self.alloc
         stats = alloc.memory_stats()
         expected = {name: [0, 0] for name in STAT_ARRAYS}  # [small_pool, large_pool]
+        by_pool: dict[PoolId, list[int]] = {}  # reserved_bytes_by_private_pools
 
         def add(name: str, is_small: bool, amount: int) -> None:
             expected[name][0 if is_small else 1] += amount
 
         for segment, blocks in alloc.segments():
             small = segment.pool.is_small
+            held = segment.mapped_bytes if segment.is_expandable else segment.size
+            if segment.pool.pool_id != DEFAULT_POOL:
+                by_pool.setdefault(segment.pool.pool_id, [0, 0])[0 if small else 1] += held
             if segment.is_expandable:
-                add("reserved_bytes", small, segment.mapped_bytes)
+                add("reserved_bytes", small, held)
                 continue
-            add("reserved_bytes", small, segment.size)
+            add("reserved_bytes", small, held)
             add("segment", small, 1)
             if len(blocks) > 1:
                 for block in blocks:
@@ -467,6 +481,17 @@ class World:
                 assert stats[f"{key}.peak"] >= current >= 0, key
         for name in ("oversize_allocations", "oversize_segments"):
             assert stats[f"{name}.allocated"] - stats[f"{name}.freed"] == stats[f"{name}.current"]
+        prefix = "reserved_bytes_by_private_pools."
+        seen = {key[len(prefix) :].split(".")[0] for key in stats if key.startswith(prefix)}
+        for first, second in by_pool:
+            assert f"{first}_{second}" in seen, "a private pool holding memory has its stats"
+        for name in seen:
+            first, second = (int(part) for part in name.split("_"))
+            small, large = by_pool.get((first, second), [0, 0])
+            key = f"{prefix}{name}"
+            assert stats[f"{key}.small_pool.current"] == small, key
+            assert stats[f"{key}.large_pool.current"] == large, key
+            assert stats[f"{key}.all.current"] == small + large, key
         # counted by the max_split_size in force now (a change recounts them)
         unlimited = self.max_split_mb is None or self.arenas
         limit = MAX_REQUEST if unlimited else self.max_split_mb * MiB
@@ -742,6 +767,13 @@ class AllocatorMachine(RuleBasedStateMachine):
     def toggle_policy(self) -> None:
         """Between policy:pytorch and policy:accelrt; what is cached stays as it is."""
         self.w.arenas = not self.w.arenas
+        self.w.apply_config()
+
+    @rule()
+    @guarded
+    def toggle_throw_on_oom(self) -> None:
+        """throw_on_cudamalloc_oom on or off: a request past the fraction fails at once."""
+        self.w.throw_on_oom = not self.w.throw_on_oom
         self.w.apply_config()
 
     @rule(max_split_mb=st.sampled_from(MAX_SPLIT_MB))

@@ -368,14 +368,14 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             self._garbage_collect()
         try:
             block = self._grow(pool, size, alloc_size, stream, is_retry=False)
+            if block is None and self._release_available_cached_blocks(pool, size, stream):
+                block = self._grow(pool, size, alloc_size, stream, is_retry=False)
+            if block is None:
+                self._release_cached_blocks()
+                block = self._grow(pool, size, alloc_size, stream, is_retry=True)
         except FractionRejection:  # throw_on_cudamalloc_oom: past the fraction, no retry
             self.stats.num_oom_rejections += 1
             raise self._out_of_memory(nbytes, size, alloc_size, stream) from None
-        if block is None and self._release_available_cached_blocks(pool, size, stream):
-            block = self._grow(pool, size, alloc_size, stream, is_retry=False)
-        if block is None:
-            self._release_cached_blocks()
-            block = self._grow(pool, size, alloc_size, stream, is_retry=True)
         if block is None and pool.pool_id is DEFAULT_POOL_ID and self._private:
             block = self._borrow_on_oom(size, stream)
         if block is None:
