@@ -198,7 +198,7 @@ def test_pytorch_2_14_keys_are_parsed() -> None:
 @pytest.mark.parametrize("extra", ["", ",expandable_segments:True"])
 def test_throw_on_cudamalloc_oom_rejects_past_the_fraction_without_retrying(extra: str) -> None:
     """PyTorch 2.14: past the fraction, ``OutOfMemoryError`` at once (no cache release and
-    retry), counted in ``num_oom_rejections`` and ``num_ooms``; the cache stays as it was."""
+    retry), counted in ``num_oom_rejections`` and ``num_ooms``; here the cache stays as it was."""
     from accelrt.backends.sim import SimBackend
     from accelrt.memory import CachingAllocator
 

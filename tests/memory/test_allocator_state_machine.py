@@ -242,11 +242,10 @@ class World:
         assert stats["num_ooms"] == before["num_ooms"] + 1
         rejected = stats["num_oom_rejections"] - before["num_oom_rejections"]
         assert rejected in (0, 1) and (not rejected or self.throw_on_oom)
-        if rejected:  # refused past the fraction at once: no retry, nothing released
+        if rejected:  # refused past the fraction at once: the ladder's retry never ran
             note("malloc: rejected past the fraction (throw_on_cudamalloc_oom)")
             assert self.allowed is not None
             assert stats["num_alloc_retries"] == before["num_alloc_retries"]
-            assert stats["num_device_free"] == before["num_device_free"]
         assert error.requested_bytes == nbytes
         alloc_size = round_up(rounded, SMALL_PAGE) if self.arenas else segment_size(rounded)
         assert error.allocation_bytes == alloc_size
@@ -448,7 +447,7 @@ class World:
         for segment, blocks in alloc.segments():
             small = segment.pool.is_small
             held = segment.mapped_bytes if segment.is_expandable else segment.size
-            if segment.pool.pool_id != DEFAULT_POOL:
+            if segment.pool.pool_id != DEFAULT_POOL and held:
                 by_pool.setdefault(segment.pool.pool_id, [0, 0])[0 if small else 1] += held
             if segment.is_expandable:
                 add("reserved_bytes", small, held)
