@@ -18,6 +18,7 @@ cdef class SVMStreamOps(QueueStreamOps):
 
 cdef class USMStreamOps(QueueStreamOps):
     cdef public object views
+    cdef public object complete
     cdef public tuple last_view
     cdef public Py_ssize_t scan_at
     cpdef synchronize(self)

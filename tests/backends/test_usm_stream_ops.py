@@ -179,3 +179,31 @@ def test_a_wait_keeps_what_another_thread_enqueued_meanwhile(build: str) -> None
     stream.queue = Queue()
     stream.synchronize()
     assert list(stream.keep) == [("event 2", "host 2")]
+
+
+class _Event:
+    """A ``dpctl.SyclEvent`` stand-in: its ``execution_status``, or the error reading it."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+    @property
+    def execution_status(self) -> str:
+        if self.status == "lost":
+            raise RuntimeError("device lost")
+        return self.status
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_query_asks_the_last_command(build: str) -> None:
+    stream = _recorder(*BUILDS[build])
+    stream.complete = "complete"
+    assert stream.query() is True  # nothing submitted
+    stream.last = _Event("running")
+    assert stream.query() is False
+    stream.last = _Event("complete")
+    assert stream.query() is True
+    stream.last = _Event("lost")
+    with pytest.raises(RuntimeError, match="device lost"):
+        stream.query()
+    assert stream.calls == [("failed", "stream_query", "device lost")]

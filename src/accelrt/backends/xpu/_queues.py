@@ -52,13 +52,13 @@ class _XPUStream(USMStreamOps):
     """One stream of a device (``StreamOps``): its in-order queue and the last command accelrt
     submitted to it (None when known finished), and the host objects of its copies in flight.
 
-    ``synchronize`` and ``memcpy_async`` are ``USMStreamOps``' (accelrt/_stream_ops.py,
-    compiled where it can be), with the hooks below. ``stream_destroy`` sets ``queue`` to None:
-    the methods that submit or wait then raise the ``ValueError`` of an unknown handle, and
-    ``query`` is True.
+    ``query``, ``synchronize`` and ``memcpy_async`` are ``USMStreamOps``'
+    (accelrt/_stream_ops.py, compiled where it can be), with the hooks below.
+    ``stream_destroy`` sets ``queue`` to None: the methods that submit or wait then raise the
+    ``ValueError`` of an unknown handle, and ``query`` is True.
     """
 
-    __slots__ = ("complete", "device", "handle", "owned")  # and the fields of its bases
+    __slots__ = ("device", "handle", "owned")  # and the fields of its bases
     queue: SyclQueue | None
     last: SyclEvent | None
     keep: deque[tuple[SyclEvent, memoryview]]
@@ -85,19 +85,6 @@ class _XPUStream(USMStreamOps):
             raise _no_stream(self.device.index, self.handle)
         return queue
 
-    def query(self) -> bool:
-        """Whether the last command accelrt submitted has completed (work submitted directly
-        to the native queue is not seen; record an event after it)."""
-        last = self.last
-        if last is None:
-            return True
-        try:
-            done: bool = last.execution_status == self.complete
-        except Exception as exc:
-            _raise_driver_error("stream_query", exc)
-            raise
-        return done
-
     def record(self, event: QueueEvent) -> None:
         """Submit a barrier: the new marker of the event (an ``XPUEvent``)."""
         queue = self.queue
@@ -110,7 +97,7 @@ class _XPUStream(USMStreamOps):
             raise
         event.stream = self
 
-    # synchronize and memcpy_async: USMStreamOps' (compiled where it can be), with these four
+    # query, synchronize and memcpy_async: USMStreamOps' (compiled where it can be), with these
     def missing(self) -> NoReturn:
         """Raise the ``ValueError`` of an unknown handle (the stream was destroyed)."""
         raise _no_stream(self.device.index, self.handle)
