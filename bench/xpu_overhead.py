@@ -4,18 +4,26 @@ Measures, in one run, on the first XPU device (Intel's OpenCL CPU device where t
 
 - a cache-hit ``accelrt.empty(n).free()`` vs dpctl's ``MemoryUSMDevice(n, queue=q)`` created
   and released (what a dpctl user pays for each buffer), at 4 KiB and 1 MiB; and the same
-  accelrt pair on ``opencl`` where PoCL is installed (issue 24: at most 0.1x / 0.02x the dpctl
-  pair, at most 1.0x the OpenCL pair);
+  accelrt pair on ``opencl`` where PoCL is installed, batches of the two backends interleaved
+  (issue 24: at most 0.1x / 0.02x the dpctl pair, at most 1.0x the OpenCL pair);
 - ``Event.record(stream)`` vs ``q.submit_barrier()``; ``Event.query()`` vs
-  ``marker.execution_status == complete``; ``Stream.query()`` vs the same status of the queue's
-  last command; an idle ``Stream.synchronize()`` vs ``q.wait()``; a 4 KiB host-to-device
-  ``copy_`` (enqueued only) vs ``q.memcpy_async(mem, host, n)`` (issue 24: at most 1.2x);
+  ``marker.execution_status == complete``; ``Stream.query()`` with a finished command recorded
+  on it (a finished barrier) vs the same status of the queue's last command; an idle
+  ``Stream.synchronize()`` vs ``q.wait()``; a 4 KiB host-to-device ``copy_`` (enqueued, then
+  a ``synchronize``) vs ``q.memcpy_async(mem, host, n)`` (then ``q.wait()``) (issue 24: at most
+  1.2x);
 - copy bandwidth host to device at 1 and 64 MiB: ``copy_`` + ``synchronize`` vs
   ``memcpy_async`` + ``wait`` (issue 24: at least 95% of raw).
 
 The raw side runs inside a Python function (``def raw(): q.wait()``), the least any Python API
-over dpctl costs. Statements are timed in short interleaved batches (``timeit``); figures are
-the median batch's, per call, in microseconds. Asserts nothing (timing is not a test).
+over dpctl costs. Statements are timed in short interleaved batches (``timeit``), their order
+reversed every other round, each batch after an untimed run of a tenth of it: a batch starts
+warm instead of paying for the caches the other side's batch left (the 200 dpctl 1 MiB
+allocations before ours, each an ``mmap`` and ``munmap``, had made our cache-hit pair read
+0.1 us dearer at 1 MiB than at 4 KiB). Figures are the median batch's, per call, in
+microseconds. The raw copies write the accelrt buffer's own memory (dpctl's view of it, through
+``__sycl_usm_array_interface__``): the same bytes for both sides, since two USM allocations of
+one size copy at rates a few percent apart, either way. Asserts nothing (timing is not a test).
 
     python bench/xpu_overhead.py [--batches 100] [--batch 200]
 """
@@ -26,21 +34,39 @@ import argparse
 import os
 import statistics
 import timeit
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 os.environ.setdefault("POCL_MEMORY_LIMIT", "2")
 
 
 def medians(
-    statements: dict[str, str], namespace: dict[str, Any], batch: int, batches: int
+    statements: dict[str, str],
+    namespace: dict[str, Any],
+    batch: int,
+    batches: int,
+    before: dict[str, Callable[[], object]] | None = None,
 ) -> dict[str, float]:
-    """Return each statement's median per-call time in microseconds over interleaved batches."""
+    """Return each statement's median per-call time in microseconds over interleaved batches.
+
+    ``before`` maps a statement's name to what runs, untimed, before each of its batches (and
+    its warm-up): the backend to use, say.
+    """
     timers = {k: timeit.Timer(v, globals=namespace) for k, v in statements.items()}
-    for timer in timers.values():
+    prepare = before or {}
+    for name, timer in timers.items():
+        if name in prepare:
+            prepare[name]()
         timer.timeit(batch)  # warm
     samples: dict[str, list[float]] = {k: [] for k in statements}
-    for _ in range(batches):
-        for name, timer in timers.items():
+    order = list(timers.items())
+    warm = max(1, batch // 10)
+    for round_ in range(batches):
+        for name, timer in order if round_ % 2 == 0 else order[::-1]:
+            if name in prepare:
+                prepare[name]()
+            timer.timeit(warm)  # untimed: the batch starts warm, whatever ran before it
             samples[name].append(timer.timeit(batch) / batch * 1e6)
     return {k: statistics.median(v) for k, v in samples.items()}
 
@@ -92,28 +118,25 @@ def main() -> None:
                 args.batches,
             )
             print(row(f"empty({n}).free() vs USM alloc", m["ours"], m["raw"], target))
-    ocl: dict[int, float] = {}
     try:
-        if acc.backends.get_backend("opencl").is_available():
-            acc.backends.use("opencl")
-            for n in (4096, 1 << 20):
-                acc.empty(n).free()
-                ocl[n] = medians({"ours": f"acc.empty({n}).free()"}, ns, args.batch, args.batches)[
-                    "ours"
-                ]
-            acc.backends.use("xpu")
+        has_opencl = acc.backends.get_backend("opencl").is_available()
     except ImportError:
-        pass
-    if ocl:
+        has_opencl = False
+    if has_opencl:  # the same statement on each backend, batches interleaved as above
+        switch = {name: partial(acc.backends.use, name) for name in ("xpu", "opencl")}
         with stream:
             for n in (4096, 1 << 20):
-                m = medians({"ours": f"acc.empty({n}).free()"}, ns, args.batch, args.batches)
-                print(row(f"empty({n}).free() xpu vs opencl", m["ours"], ocl[n], "<= 1.0x"))
+                stmt = f"acc.empty({n}).free()"
+                m = medians(
+                    {"xpu": stmt, "opencl": stmt}, ns, args.batch, args.batches, before=switch
+                )
+                print(row(f"empty({n}).free() xpu vs opencl", m["xpu"], m["opencl"], "<= 1.0x"))
+        acc.backends.use("xpu")
 
     event = acc.Event()
     host = np.zeros(4096, np.uint8)
     buf = acc.empty(4096, stream=stream)
-    usm = dpctl.memory.MemoryUSMDevice(4096, queue=queue)
+    usm = dpctl.memory.as_usm_memory(buf)  # the same memory as buf's copies write
     marker = queue.submit_barrier()
     marker.wait()
     event.record(stream)
@@ -143,6 +166,8 @@ def main() -> None:
         ("copy_ 4 KiB h2d (enqueue)", "acc.copy_(buf, host, stream=s)", "raw_copy()"),
     ]
     for name, ours, raw in cases:
+        if name == "Stream.query()":  # a command to ask about, as the raw side has (finished)
+            event.record(stream)  # (after a synchronize the stream knows it is idle, asks none)
         queue.wait()
         event.synchronize()
         stmts = {"ours": ours, "raw": raw}
@@ -157,7 +182,7 @@ def main() -> None:
     for mib in (1, 64):
         n = mib << 20
         big = acc.empty(n, stream=stream)
-        raw_big = dpctl.memory.MemoryUSMDevice(n, queue=queue)
+        raw_big = dpctl.memory.as_usm_memory(big)  # the same memory as big's copies write
         src = np.ones(n, np.uint8)
 
         def raw_big_copy(raw_big: Any = raw_big, src: Any = src, n: int = n) -> None:
@@ -177,7 +202,8 @@ def main() -> None:
             f"{f'{mib} MiB':<34} {ours_gbs:>9.2f} {raw_gbs:>9.2f} "
             f"{ours_gbs / raw_gbs:>7.1%}  >= 95%"
         )
-        big.free()
+        del raw_big
+        big.free()  # (returned when big is collected: its SYCL interface was read)
 
 
 if __name__ == "__main__":

@@ -14,3 +14,11 @@ cdef class QueueStreamOps:
 cdef class SVMStreamOps(QueueStreamOps):
     cdef public object views, wrap_host, svm_memcpy
     cdef public Py_ssize_t scan_at, scan_bytes, unscanned
+
+
+cdef class USMStreamOps(QueueStreamOps):
+    cdef public object views
+    cdef public object complete
+    cdef public tuple last_view
+    cdef public Py_ssize_t scan_at
+    cpdef synchronize(self)

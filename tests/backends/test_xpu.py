@@ -134,6 +134,23 @@ def test_memset_and_round_trips_in_every_direction(xpu: str) -> None:
         handle.free()
 
 
+def test_a_stream_forgets_its_last_view_when_device_memory_is_freed(xpu: str) -> None:
+    from accelrt._stream_ops import NO_VIEW
+
+    buf = acc.empty(3 * MiB)  # a segment of its own: empty_cache gives it back
+    stream = acc.current_stream()
+    acc.copy_(buf, np.ones(3 * MiB, np.uint8))
+    acc.copy_(buf, np.full(3 * MiB, 7, np.uint8))  # the view remembered from the first
+    acc.synchronize()
+    ops: Any = stream._ops
+    assert ops.last_view[:2] == (buf.ptr, 3 * MiB)
+    assert ops.last_view[2] is ops.views[(buf.ptr, 3 * MiB)]
+    assert buf.numpy()[::MiB].tolist() == [7, 7, 7]
+    buf.free()
+    acc.empty_cache()  # the segment is freed: its views go
+    assert ops.last_view == NO_VIEW and not ops.views
+
+
 def test_expandable_segments_warn_naming_the_reason(xpu: str) -> None:
     with pytest.warns(RuntimeWarning, match="which the 'xpu' backend does not have"):
         acc.set_allocator_settings("expandable_segments:True")

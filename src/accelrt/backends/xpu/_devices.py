@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
+from ..._stream_ops import NO_VIEW  # the build where there is one (_compiled.py)
 from ..._text import error_line
 from .._base import DType, dtypes, visible_devices
 from ._queues import _complete, _XPUStream
@@ -76,11 +77,17 @@ class _XPUDevice:
         """Return (and cache) a dpctl ``MemoryUSMDevice`` over ``[ptr, ptr + nbytes)``."""
         views = self.views
         if len(views) >= _VIEW_CACHE_SIZE:
-            views.clear()
+            self.forget_views()
         view = views[(ptr, nbytes)] = self.dpctl.memory.MemoryUSMDevice(
             _USMRange(ptr, nbytes, self.context)
         )
         return view
+
+    def forget_views(self) -> None:
+        """Drop the cached views: ``views`` and each stream's ``last_view``."""
+        self.views.clear()
+        for stream in list(self.streams.values()):  # a copy: another thread may add a stream
+            stream.last_view = NO_VIEW
 
     def finish_all(self) -> None:
         """Wait for every queue of the device; forget the host objects of their copies."""

@@ -49,7 +49,7 @@ class _DeviceMemory(_Devices):
         if memory is None:
             raise ValueError(f"xpu:{index}: {ptr:#x} is not an address returned by malloc")
         state.finish_all()
-        state.views.clear()
+        state.forget_views()
         state.held -= int(memory.nbytes)
         del memory
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections import deque
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from ..._stream_ops import NO_VIEW, USMStreamOps  # the build where there is one (_compiled.py)
 from .._queue_streams import QueueEvent, no_stream
 from ._sycl import _raise_driver_error
 
@@ -27,7 +28,7 @@ class _XPUDevice(Protocol):
 
 
 # a copy of host memory forgets the finished ones at the head of its queue's list once it holds
-# this many (see _XPUStream.memcpy_async)
+# this many (see _XPUStream.rescan)
 _KEEP_SCAN = 32
 
 
@@ -47,23 +48,34 @@ def _no_stream(index: int, stream: int) -> ValueError:
     return no_stream("xpu", index, stream)
 
 
-class _XPUStream:
+class _XPUStream(USMStreamOps):
     """One stream of a device (``StreamOps``): its in-order queue and the last command accelrt
     submitted to it (None when known finished), and the host objects of its copies in flight.
 
+    ``query``, ``synchronize`` and ``memcpy_async`` are ``USMStreamOps``'
+    (accelrt/_stream_ops.py, compiled where it can be), with the hooks below.
     ``stream_destroy`` sets ``queue`` to None: the methods that submit or wait then raise the
     ``ValueError`` of an unknown handle, and ``query`` is True.
     """
 
-    __slots__ = ("complete", "device", "handle", "keep", "last", "owned", "queue")
+    __slots__ = ("device", "handle", "owned")  # and the fields of its bases
+    queue: SyclQueue | None
+    last: SyclEvent | None
+    keep: deque[tuple[SyclEvent, memoryview]]
+    views: dict[tuple[int, int], MemoryUSMDevice]
 
     def __init__(self, device: _XPUDevice, handle: int, queue: SyclQueue, owned: bool) -> None:
         self.device = device
         self.handle = handle
-        self.queue: SyclQueue | None = queue
+        self.queue = queue
         self.owned = owned  # False for a queue adopted from the user (Stream.from_handle)
-        self.last: SyclEvent | None = None
-        self.keep: deque[tuple[SyclEvent, memoryview]] = deque()
+        self.last = None
+        # the (event, host object) pairs of the queue's async host copies in submission
+        # order, kept until the copy completes (an in-order queue completes them in order)
+        self.keep = deque()
+        self.views = device.views  # the device's cache, emptied in place (never replaced)
+        self.last_view = NO_VIEW  # reset with views (_XPUDevice.forget_views)
+        self.scan_at = _KEEP_SCAN
         self.complete = device.complete
 
     def live_queue(self) -> SyclQueue:
@@ -72,37 +84,6 @@ class _XPUStream:
         if queue is None:
             raise _no_stream(self.device.index, self.handle)
         return queue
-
-    def query(self) -> bool:
-        """Whether the last command accelrt submitted has completed (work submitted directly
-        to the native queue is not seen; record an event after it)."""
-        last = self.last
-        if last is None:
-            return True
-        try:
-            done: bool = last.execution_status == self.complete
-        except Exception as exc:
-            _raise_driver_error("stream_query", exc)
-            raise
-        return done
-
-    def synchronize(self) -> None:
-        """``queue.wait()``; forget the host objects of its copies (all have run)."""
-        queue = self.queue
-        if queue is None:
-            raise _no_stream(self.device.index, self.handle)
-        done = self.keep
-        if done:
-            self.keep = deque()
-        try:
-            queue.wait()
-        except Exception as exc:
-            if done:
-                done.extend(self.keep)
-                self.keep = done
-            _raise_driver_error("stream_synchronize", exc)
-            raise
-        self.last = None
 
     def record(self, event: QueueEvent) -> None:
         """Submit a barrier: the new marker of the event (an ``XPUEvent``)."""
@@ -116,35 +97,23 @@ class _XPUStream:
             raise
         event.stream = self
 
-    def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
-        """``queue.memcpy_async``; host memory is kept alive until the copy completes."""
-        queue = self.queue
-        if queue is None:
-            raise _no_stream(self.device.index, self.handle)
-        views = self.device.views
-        host: memoryview | None = None
-        try:
-            if isinstance(dst, int):
-                target = views.get((dst, nbytes))
-                if target is None:
-                    target = self.device.view(dst, nbytes)
-            else:
-                target = host = dst
-            if isinstance(src, int):
-                source = views.get((src, nbytes))
-                if source is None:
-                    source = self.device.view(src, nbytes)
-            else:
-                source = host = src
-            event = self.last = queue.memcpy_async(target, source, nbytes)
-        except Exception as exc:
-            _raise_driver_error("memcpy_async", exc)
-            raise
-        if host is not None:
-            keep = self.keep
-            if len(keep) >= _KEEP_SCAN:
-                _drop_completed(keep, self.complete)
-            keep.append((event, host))
+    # query, synchronize and memcpy_async: USMStreamOps' (compiled where it can be), with these
+    def missing(self) -> NoReturn:
+        """Raise the ``ValueError`` of an unknown handle (the stream was destroyed)."""
+        raise _no_stream(self.device.index, self.handle)
+
+    def failed(self, call: str, exc: Exception) -> None:
+        """Raise ``AcceleratorError`` for a dpctl (SYCL) error in ``call``."""
+        _raise_driver_error(call, exc)
+
+    def device_view(self, address: int, nbytes: int) -> MemoryUSMDevice:
+        """The dpctl ``MemoryUSMDevice`` of device memory, made and cached (``_XPUDevice.view``)."""
+        return self.device.view(address, nbytes)
+
+    def rescan(self, keep: deque[tuple[SyclEvent, memoryview]]) -> None:
+        """Forget the host objects of the finished copies at the head of ``keep`` (a copy of
+        host memory calls this once ``keep`` holds ``_KEEP_SCAN`` entries)."""
+        _drop_completed(keep, self.complete)
 
 
 def _drop_completed(keep: deque[tuple[SyclEvent, memoryview]], complete: event_status_type) -> None:
