@@ -1163,6 +1163,20 @@ cdef extern from *:
     uint64_t accelrt_thread_id()
 
 
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
+
+
+cdef inline int64_t _in_range(object nbytes) noexcept:
+    """An exact ``int``'s value when it is a valid request (1 to K_MAX_REQUEST_BYTES), else
+    0: compared in C, without making Python ints for the bounds."""
+    cdef int overflow = 0
+    cdef long long n = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
+    if overflow or not 0 < n <= K_MAX_REQUEST_BYTES:
+        return 0
+    return n
+
+
 cdef _Current _cached_current():
     """This thread's cache for :func:`empty`, or None."""
     global _last_thread, _last_current
@@ -1187,14 +1201,12 @@ def empty(nbytes, *, device=None, stream=None):
     cdef _Current current
     cdef Buffer buffer
     cdef Block block
+    cdef int64_t n
     if device is None and stream is None and type(nbytes) is int:
         current = _cached_current()
-        if (
-            current is not None
-            and current.epoch == _state_epoch.value
-            and 0 < nbytes <= K_MAX_REQUEST_BYTES
-        ):
-            block = current.allocator.malloc_c(<int64_t>nbytes, current.handle)
+        n = _in_range(nbytes)
+        if current is not None and current.epoch == _state_epoch.value and n:
+            block = current.allocator.malloc_c(n, current.handle)
             buffer = Buffer.__new__(Buffer)
             buffer._allocator = current.allocator
             buffer._block = block
