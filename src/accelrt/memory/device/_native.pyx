@@ -451,6 +451,56 @@ cdef class BlockPool:
         return self._unmapped.size()
 
 
+cdef extern from *:
+    """
+    #include <cstdint>
+    #include <unordered_map>
+    #include <utility>
+    // ActiveBlocks' table: a hash map of address -> block that keeps the node of the last
+    // block taken out and files the next block in it, so that an alloc and a free, which
+    // file and unfile one block each, allocate no node.
+    struct accelrt_block_table {
+        std::unordered_map<int64_t, PyObject*> map;
+        std::unordered_map<int64_t, PyObject*>::node_type spare;
+        // File value at key; return the value it replaced there, or NULL.
+        PyObject* put(int64_t key, PyObject* value) {
+            if (!spare.empty()) {
+                spare.key() = key;
+                spare.mapped() = value;
+                auto placed = map.insert(std::move(spare));
+                if (placed.inserted) return NULL;
+                spare = std::move(placed.node);  // the key was filed: the node stays spare
+                PyObject* old = placed.position->second;
+                placed.position->second = value;
+                return old;
+            }
+            auto placed = map.try_emplace(key, value);
+            if (placed.second) return NULL;
+            PyObject* old = placed.first->second;
+            placed.first->second = value;
+            return old;
+        }
+        PyObject* find(int64_t key) const {
+            auto found = map.find(key);
+            return found == map.end() ? NULL : found->second;
+        }
+        // Unfile key; return its value (the table's reference), or NULL.
+        PyObject* take(int64_t key) {
+            auto found = map.find(key);
+            if (found == map.end()) return NULL;
+            PyObject* value = found->second;
+            spare = map.extract(found);
+            return value;
+        }
+    };
+    """
+    cdef cppclass BlockTable "accelrt_block_table":
+        unordered_map[int64_t, BlockRef] map
+        PyObject* put(int64_t, PyObject*) noexcept
+        PyObject* find(int64_t) noexcept
+        PyObject* take(int64_t) noexcept
+
+
 @cython.final
 cdef class ActiveBlocks:
     """Blocks by address, in a C++ hash map: the allocator's allocated and pending-free blocks,
@@ -458,43 +508,33 @@ cdef class ActiveBlocks:
 
     What the Python code uses as a dict of int to Block (the allocator's ``_active``, replay's
     live blocks): ``get``, ``pop``, ``update``, item assignment and deletion, ``values`` and
-    ``len``. It holds a reference to each block.
+    ``len``. It holds a reference to each block. The map reuses the node of the block taken
+    out last (``BlockTable``), so a malloc and a free allocate no C++ node.
     """
 
-    cdef unordered_map[int64_t, BlockRef] _map
+    cdef BlockTable _table
 
     def __dealloc__(self):
         self.clear()
 
     cdef void clear(self) noexcept:
-        for item in self._map:
+        for item in self._table.map:
             Py_DECREF(<object>item.second)
-        self._map.clear()
+        self._table.map.clear()
 
     cdef inline int put(self, int64_t address, Block block) except -1:
-        cdef pair[unordered_map[int64_t, BlockRef].iterator, bint] placed = self._map.insert(
-            pair[int64_t, BlockRef](address, <PyObject*>block)
-        )
         Py_INCREF(block)
-        if not placed.second:  # the address was filed: replace its block
-            Py_DECREF(<object>deref(placed.first).second)
-            deref(placed.first).second = <PyObject*>block
+        cdef PyObject* replaced = self._table.put(address, <PyObject*>block)
+        if replaced != NULL:  # the address was filed: its old block is let go
+            Py_DECREF(<object>replaced)
         return 0
 
     cdef inline PyObject* find(self, int64_t address) noexcept:
-        cdef unordered_map[int64_t, BlockRef].iterator found = self._map.find(address)
-        if found == self._map.end():
-            return NULL
-        return deref(found).second
+        return self._table.find(address)
 
     cdef inline PyObject* take(self, int64_t address) noexcept:
         """Unfile the block at ``address`` and return the map's reference to it (NULL if none)."""
-        cdef unordered_map[int64_t, BlockRef].iterator found = self._map.find(address)
-        if found == self._map.end():
-            return NULL
-        cdef PyObject* block = deref(found).second
-        self._map.erase(found)
-        return block
+        return self._table.take(address)
 
     cdef inline bint discard(self, int64_t address) noexcept:
         cdef PyObject* block = self.take(address)
@@ -534,10 +574,10 @@ cdef class ActiveBlocks:
 
     def values(self):
         """Return the blocks (in no particular order)."""
-        return [<Block>item.second for item in self._map]
+        return [<Block>item.second for item in self._table.map]
 
     def __len__(self):
-        return self._map.size()
+        return self._table.map.size()
 
 
 # ---------------------------------------------------------------------- the hit path
