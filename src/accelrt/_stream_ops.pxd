@@ -8,6 +8,7 @@ cdef class StreamCore:
 
 cdef class QueueStreamOps:
     cdef public object queue, last, keep
+    cdef wait_for(self, object queue)
     cpdef synchronize(self)
 
 
@@ -21,4 +22,4 @@ cdef class USMStreamOps(QueueStreamOps):
     cdef public object complete
     cdef public tuple last_view
     cdef public Py_ssize_t scan_at
-    cpdef synchronize(self)
+    cdef wait_for(self, object queue)

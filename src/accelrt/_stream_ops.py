@@ -88,12 +88,16 @@ class QueueStreamOps:
     def failed(self, call: str, exc: Exception) -> None:
         """Raise the error for driver exception ``exc`` in ``call``, or return to re-raise it."""
 
+    def wait_for(self, queue: Any) -> None:
+        """Block until ``queue``'s work has completed: ``queue.finish()``."""
+        queue.finish()
+
     def synchronize(self) -> None:
         """Block until the queue's work has completed; forget what that work needed.
 
-        ``keep`` is swapped for an empty deque before ``finish``: every entry in the old one
-        was appended, so enqueued, before it, and is forgotten without asking its command's
-        status. What another thread enqueues meanwhile goes to the new one.
+        ``keep`` is swapped for an empty deque before the wait (:meth:`wait_for`): every entry
+        in the old one was appended, so enqueued, before it, and is forgotten without asking
+        its command's status. What another thread enqueues meanwhile goes to the new one.
         """
         queue = self.queue
         if queue is None:
@@ -102,7 +106,7 @@ class QueueStreamOps:
         if done:
             self.keep = deque()
         try:
-            queue.finish()
+            self.wait_for(queue)
         except Exception as exc:
             if done:  # the work may still run: keep what it needs
                 done.extend(self.keep)
@@ -247,24 +251,10 @@ class USMStreamOps(QueueStreamOps):
         self.last_view = (address, nbytes, found)
         return found
 
-    def synchronize(self) -> None:
-        """``queue.wait()``: ``QueueStreamOps.synchronize`` for a SYCL queue (which waits with
-        ``wait``, not ``finish``); what it forgets and keeps is the same."""
-        queue = self.queue
-        if queue is None:
-            self.missing()
-        done = self.keep
-        if done:
-            self.keep = deque()
-        try:
-            queue.wait()
-        except Exception as exc:
-            if done:  # the work may still run: keep what it needs
-                done.extend(self.keep)
-                self.keep = done
-            self.failed("stream_synchronize", exc)
-            raise
-        self.last = None
+    def wait_for(self, queue: Any) -> None:
+        """Block until ``queue``'s work has completed: a SYCL queue waits with ``wait()``
+        (``QueueStreamOps.synchronize`` does the rest)."""
+        queue.wait()
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """``queue.memcpy_async``, non-blocking; host memory (a memoryview, either side) is
