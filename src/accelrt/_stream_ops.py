@@ -207,11 +207,9 @@ class USMStreamOps(QueueStreamOps):
     that many entries) and ``complete`` (``dpctl.event_status_type.complete``).
 
     Compiled, a copy, a ``synchronize`` and a ``query`` run no bytecode between ``accelrt``'s
-    call and dpctl. On Intel's OpenCL CPU device the host work around a copy costs 2 to 3
-    times what it costs in a tight loop (the runtime's calls leave the caches cold): with these
-    methods in Python a 4 KiB ``copy_`` and ``synchronize`` took 1.25x the raw dpctl calls;
-    compiled, with ``last_view`` sparing the ``views`` lookup, 1.16x. ``Stream.query`` of a
-    stream with a command went from 1.33x the raw status query to 1.0x.
+    call and dpctl; on Intel's OpenCL CPU device the host work around a copy costs more than
+    in a tight loop (the runtime's calls leave the caches cold), so each call counts
+    (``bench/xpu_overhead.py`` measures them against the raw dpctl calls).
     """
 
     __slots__ = ("complete", "last_view", "scan_at", "views")
