@@ -279,7 +279,10 @@ class _Devices(_DriverCalls):
 
     def _dev(self, index: int) -> _CUDADevice:
         """The device's state, retaining its primary context on first use."""
-        return made_once(self._state, index, self._lock, self._retain)
+        state = self._state.get(index)  # the hot case inline: no extra call
+        if state is None:  # first use: made once, under the lock
+            state = made_once(self._state, index, self._lock, self._retain)
+        return state
 
     def _retain(self, index: int) -> _CUDADevice:
         """A new state of the device: its primary context retained (``_dev``, under the lock)."""

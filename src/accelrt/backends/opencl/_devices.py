@@ -141,7 +141,10 @@ class _Devices:
         return dtypes(names)
 
     def _dev(self, index: int) -> _CLDevice:
-        return made_once(self._state, index, self._lock, self._new_dev)
+        state = self._state.get(index)  # the hot case inline: no extra call
+        if state is None:  # first use: made once, under the lock
+            state = made_once(self._state, index, self._lock, self._new_dev)
+        return state
 
     def _new_dev(self, index: int) -> _CLDevice:
         return _CLDevice(_import_cl(), self._devices()[index], index)
