@@ -89,6 +89,9 @@ class SharedArenas:
     def _note_floor(self, is_small: bool, size: int) -> None:
         raise NotImplementedError
 
+    def _fraction_refuses(self, nbytes: int) -> bool:
+        raise NotImplementedError
+
     def _pool_no_split(self, pool_id: PoolId) -> bool:
         raise NotImplementedError
 
@@ -227,10 +230,8 @@ class SharedArenas:
             if mapped is None and need > exact:  # refused: the pages the request needs only
                 mapped = self._map_part(pool, at, exact, stream, base, run_end)
             if mapped is None:
-                limit = self._allowed_max
-                past = limit is not None and self._reserved + exact > limit
-                if past and self.config.throw_on_cudamalloc_oom:  # no retries
-                    raise FractionRejection
+                if self.config.throw_on_cudamalloc_oom and self._fraction_refuses(exact):
+                    raise FractionRejection  # past the fraction: no retries
                 return None
             current = mapped
         pool.remove(current)
@@ -305,7 +306,7 @@ class SharedArenas:
                 counters["pages_moved"] += moved // PAGE
                 if 3 * need >= reserved_before:  # a large tensor stitched from moved pages
                     self._allowance = min(self._allowance + need, self._high_water // 10)
-        return self._allowed_max is None or self._reserved + need <= self._allowed_max
+        return not self._fraction_refuses(need)
 
     def _reclaim(self, pool: BlockPool, want: int, lo: int, hi: int) -> int:
         """Unmap up to ``want`` bytes of whole idle pages of free arena blocks (16.2 step
