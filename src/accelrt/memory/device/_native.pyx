@@ -581,17 +581,26 @@ cdef class ActiveBlocks:
 
 
 # ---------------------------------------------------------------------- the hit path
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
+
+
+cdef inline int64_t _in_range(object nbytes) noexcept:
+    """An exact ``int``'s value when it is a valid request (1 to K_MAX_REQUEST_BYTES), else
+    0: compared in C, without making Python ints for the bounds."""
+    cdef int overflow = 0
+    cdef long long n = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
+    if overflow or not 0 < n <= K_MAX_REQUEST_BYTES:
+        return 0
+    return n
+
+
 cdef int64_t _request_bytes(object nbytes) except -1:
     """A request's size in bytes: an in-range int at C speed, anything else through the
     allocators' one check (memory/device/_allocator.py ``_request_size``), which raises."""
-    cdef int64_t n = 0
-    if type(nbytes) is int:
-        try:
-            n = nbytes
-        except OverflowError:  # beyond int64: the check below refuses it
-            n = 0
-        if 0 < n <= K_MAX_REQUEST_BYTES:
-            return n
+    cdef int64_t n = _in_range(nbytes) if type(nbytes) is int else 0
+    if n:
+        return n
     return _request_size(nbytes, "device")
 
 
@@ -1201,20 +1210,6 @@ cdef extern from *:
     """
     PyObject* PyThreadState_GetDict()
     uint64_t accelrt_thread_id()
-
-
-cdef extern from "Python.h":
-    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
-
-
-cdef inline int64_t _in_range(object nbytes) noexcept:
-    """An exact ``int``'s value when it is a valid request (1 to K_MAX_REQUEST_BYTES), else
-    0: compared in C, without making Python ints for the bounds."""
-    cdef int overflow = 0
-    cdef long long n = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
-    if overflow or not 0 < n <= K_MAX_REQUEST_BYTES:
-        return 0
-    return n
 
 
 cdef _Current _cached_current():
