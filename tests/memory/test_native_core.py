@@ -198,6 +198,32 @@ def test_active_blocks_behave_as_the_dict_they_replace() -> None:
         assert list(mapping.values()) == [blocks[2]]
 
 
+def test_unmapped_at_finds_the_block_holding_an_address_on_both_cores() -> None:
+    # BlockPool.unmapped_at: the arenas' lookup of the unmapped block under an address.
+    from accelrt.memory.device import _block
+
+    assert _core.native is not None
+    for block_type, pool_type in (
+        (_core.native.Block, _core.native.BlockPool),
+        (_block.Block, _block.BlockPool),
+    ):
+        pool = pool_type(False)
+        held = {}
+        for address, size, stream in ((0x1000, 0x800, 7), (0x3000, 0x1000, 7), (0x2000, 0x800, 9)):
+            block = block_type(address, size, stream, pool, None)
+            block.mapped = False
+            pool.insert_unmapped(block)
+            held[address] = block
+        assert pool.unmapped_at(7, 0x1000) is held[0x1000]
+        assert pool.unmapped_at(7, 0x17FF) is held[0x1000]
+        assert pool.unmapped_at(7, 0x3FFF) is held[0x3000]
+        for stream, address in ((7, 0xFFF), (7, 0x1800), (7, 0x2000), (7, 0x4000), (8, 0x1000)):
+            assert pool.unmapped_at(stream, address) is None, (stream, hex(address))
+        assert pool.unmapped_at(9, 0x2400) is held[0x2000]
+        pool.remove_unmapped(held[0x3000])
+        assert pool.unmapped_at(7, 0x3000) is None
+
+
 def test_compiled_buffer_adopts_the_most_derived_python_definitions() -> None:
     # Buffer's Python-level part overrides some of MemoryHandle's (CUDA-aware DLPack): the
     # compiled type must get the override, as a Python subclass would.

@@ -253,8 +253,15 @@ class SharedArenas:
     def _arena_run(self, pool: BlockPool, size: int, stream: int) -> tuple[Block, int] | None:
         """The lowest-address run of free blocks of ``stream`` and unmapped blocks that holds
         ``size`` bytes (its first block and its end address), in a new arena if none has
-        room; None when no address space is left."""
+        room; None when no address space is left.
+
+        A walk that fails stops where any later run through the blocks it crossed would stop,
+        with less room: the unmapped blocks below its end are passed over, so each block is
+        walked once per call."""
+        walked_to = 0  # where the last failed walk stopped
         for unmapped in pool.unmapped_blocks(SHARED_STREAM):
+            if unmapped.address < walked_to:
+                continue
             start = unmapped
             before = unmapped.prev
             if before is not None and before.mapped and _free_of(before, stream):
@@ -268,6 +275,7 @@ class SharedArenas:
                 walk = walk.next
             if room >= size:
                 return start, start.address + room
+            walked_to = start.address + room
         segment = self._source.reserve(SHARED_STREAM, pool, PAGE)
         if segment is None:
             return None
@@ -285,10 +293,10 @@ class SharedArenas:
     @staticmethod
     def _unmapped_at(pool: BlockPool, address: int) -> Block:
         """The unmapped arena block of ``pool`` that holds ``address``."""
-        for block in pool.unmapped_blocks(SHARED_STREAM):
-            if block.address <= address < block.address + block.size:
-                return block
-        raise AssertionError(f"no unmapped block holds {address:#x}")
+        block = pool.unmapped_at(SHARED_STREAM, address)
+        if block is None:
+            raise AssertionError(f"no unmapped block holds {address:#x}")
+        return block
 
     def _pages_for(self, pool: BlockPool, need: int, lo: int, hi: int) -> bool:
         """Make room for a map of ``need`` bytes: above the budget, reclaim idle pages first
@@ -314,15 +322,13 @@ class SharedArenas:
         a captured graph may still use its free blocks' addresses); oldest stamp first (then
         arena, address); the highest pages of a block first; a small arena keeps its last idle
         page from a large request. Returns the bytes unmapped."""
-        victims = sorted(
-            (
-                (block.stamp, self._arena_order[block.segment.address], block.address, block)
-                for arena_pool in self._all_pools()
-                if arena_pool.pool_id == DEFAULT_POOL_ID  # a graph may replay a private one's
-                for block in arena_pool.blocks()
-                if block.segment.stream == SHARED_STREAM and block.size >= PAGE
-            ),
-            key=lambda item: item[:3],
+        order = self._arena_order
+        victims = sorted(  # (addresses differ: tuples never compare their blocks)
+            (block.stamp, order[block.segment.address], block.address, block)
+            for arena_pool in self._all_pools()
+            if arena_pool.pool_id == DEFAULT_POOL_ID  # a graph may replay a private one's
+            for block in arena_pool.blocks()
+            if block.size >= PAGE and block.segment.stream == SHARED_STREAM
         )
         live: dict[int, int] = {}  # small arena address -> its mapped bytes not free
         waited: set[int] = set()

@@ -20,7 +20,7 @@ the segments.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
 
 from ...backends._base import Backend, BackendOutOfMemory
@@ -212,6 +212,15 @@ class BlockPool:
     def unmapped_blocks(self, stream: int) -> list[Block]:
         """Return the unmapped blocks on ``stream`` in address order."""
         return [self._unmapped[a] for a in self._unmapped_keys.get(stream, [])]
+
+    def unmapped_at(self, stream: int, address: int) -> Block | None:
+        """Return the unmapped block on ``stream`` that holds ``address``, or None."""
+        keys = self._unmapped_keys.get(stream, [])
+        i = bisect_right(keys, address)
+        if i == 0:
+            return None
+        block = self._unmapped[keys[i - 1]]
+        return block if address < block.address + block.size else None
 
     def unmapped_streams(self) -> list[int]:
         """Return the streams that have unmapped blocks in this pool."""

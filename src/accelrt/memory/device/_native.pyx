@@ -39,7 +39,7 @@ from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
 cimport cython
-from cython.operator cimport dereference as deref
+from cython.operator cimport dereference as deref, predecrement as dec
 from fastrlock.rlock cimport create_fastrlock, lock_fastrlock, unlock_fastrlock
 
 from ._requests import _not_allocated, _request_size
@@ -441,6 +441,18 @@ cdef class BlockPool:
             for item in self._unmapped_keys[stream]:
                 out.append(<Block>item.second)
         return out
+
+    def unmapped_at(self, int64_t stream, int64_t address):
+        """Return the unmapped block on ``stream`` that holds ``address``, or None."""
+        if not self._unmapped_keys.count(stream):
+            return None
+        cdef cmap[int64_t, BlockRef]* keys = &self._unmapped_keys[stream]
+        cdef cmap[int64_t, BlockRef].iterator found = keys.upper_bound(address)
+        if found == keys.begin():
+            return None
+        dec(found)
+        cdef Block block = <Block>deref(found).second
+        return block if address < block.address + block.size else None
 
     def unmapped_streams(self):
         """Return the streams that have unmapped blocks in this pool."""
