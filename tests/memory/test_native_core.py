@@ -198,8 +198,9 @@ def test_active_blocks_behave_as_the_dict_they_replace() -> None:
         assert list(mapping.values()) == [blocks[2]]
 
 
-def test_unmapped_at_finds_the_block_holding_an_address_on_both_cores() -> None:
-    # BlockPool.unmapped_at: the arenas' lookup of the unmapped block under an address.
+def test_arena_lookups_agree_on_both_cores() -> None:
+    # BlockPool.unmapped_at, first_run and blocks_from: the arenas' lookups (policy:accelrt's
+    # miss path), checked on one hand-built segment against known answers on both cores.
     from accelrt.memory.device import _block
 
     assert _core.native is not None
@@ -208,20 +209,52 @@ def test_unmapped_at_finds_the_block_holding_an_address_on_both_cores() -> None:
         (_block.Block, _block.BlockPool),
     ):
         pool = pool_type(False)
+        # one segment, in address order: (name, address, size, stream, state)
+        layout = [
+            ("a", 0x1000, 0x800, 7, "free"),
+            ("b", 0x1800, 0x800, 0, "unmapped"),
+            ("c", 0x2000, 0x800, 7, "allocated"),
+            ("d", 0x2800, 0x800, 0, "unmapped"),
+            ("e", 0x3000, 0x800, 7, "free"),
+            ("f", 0x3800, 0x1000, 0, "unmapped"),
+        ]
         held = {}
-        for address, size, stream in ((0x1000, 0x800, 7), (0x3000, 0x1000, 7), (0x2000, 0x800, 9)):
-            block = block_type(address, size, stream, pool, None)
-            block.mapped = False
-            pool.insert_unmapped(block)
-            held[address] = block
-        assert pool.unmapped_at(7, 0x1000) is held[0x1000]
-        assert pool.unmapped_at(7, 0x17FF) is held[0x1000]
-        assert pool.unmapped_at(7, 0x3FFF) is held[0x3000]
-        for stream, address in ((7, 0xFFF), (7, 0x1800), (7, 0x2000), (7, 0x4000), (8, 0x1000)):
+        previous = None
+        for name, address, size, stream, state in layout:
+            block = held[name] = block_type(address, size, stream, pool, None)
+            block.prev = previous
+            if previous is not None:
+                previous.next = block
+            previous = block
+            if state == "unmapped":
+                block.mapped = False
+                pool.insert_unmapped(block)
+            elif state == "allocated":
+                block.allocated = True
+            else:
+                pool.insert(block)
+        small = block_type(0x9000, 0x200, 7, pool, None)  # alone in a segment of its own
+        pool.insert(small)
+
+        assert pool.unmapped_at(0, 0x1800) is held["b"]
+        assert pool.unmapped_at(0, 0x47FF) is held["f"]
+        for stream, address in ((0, 0x17FF), (0, 0x2000), (0, 0x4800), (7, 0x1800)):
             assert pool.unmapped_at(stream, address) is None, (stream, hex(address))
-        assert pool.unmapped_at(9, 0x2400) is held[0x2000]
-        pool.remove_unmapped(held[0x3000])
-        assert pool.unmapped_at(7, 0x3000) is None
+
+        # a free block of the stream just before an unmapped one starts the run
+        assert pool.first_run(7, 0x1000, 0) == (held["a"], 0x2000)
+        # a..b stops at the allocated c; d, e (the stream's) and f hold 0x2000 bytes
+        assert pool.first_run(7, 0x1800, 0) == (held["d"], 0x4800)
+        # another stream's free blocks end every run: only f is left
+        assert pool.first_run(9, 0x1000, 0) == (held["f"], 0x4800)
+        assert pool.first_run(9, 0x1800, 0) is None
+        assert pool.first_run(7, 0x800, 5) is None  # no unmapped block on that stream
+
+        assert pool.blocks_from(0x800) == [held["a"], held["e"]]
+        assert pool.blocks_from(0x200) == [small, held["a"], held["e"]]
+        assert pool.blocks_from(0x801) == []
+        pool.remove_unmapped(held["f"])
+        assert pool.unmapped_at(0, 0x3800) is None
 
 
 def test_compiled_buffer_adopts_the_most_derived_python_definitions() -> None:

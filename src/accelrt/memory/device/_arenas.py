@@ -253,29 +253,10 @@ class SharedArenas:
     def _arena_run(self, pool: BlockPool, size: int, stream: int) -> tuple[Block, int] | None:
         """The lowest-address run of free blocks of ``stream`` and unmapped blocks that holds
         ``size`` bytes (its first block and its end address), in a new arena if none has
-        room; None when no address space is left.
-
-        A walk that fails stops where any later run through the blocks it crossed would stop,
-        with less room: the unmapped blocks below its end are passed over, so each block is
-        walked once per call."""
-        walked_to = 0  # where the last failed walk stopped
-        for unmapped in pool.unmapped_blocks(SHARED_STREAM):
-            if unmapped.address < walked_to:
-                continue
-            start = unmapped
-            before = unmapped.prev
-            if before is not None and before.mapped and _free_of(before, stream):
-                start = before
-            room = 0
-            walk: Block | None = start
-            while room < size and walk is not None and (not walk.mapped or walk.stream == stream):
-                if not walk.is_free():
-                    break
-                room += walk.size
-                walk = walk.next
-            if room >= size:
-                return start, start.address + room
-            walked_to = start.address + room
+        room; None when no address space is left."""
+        found = pool.first_run(stream, size, SHARED_STREAM)
+        if found is not None:
+            return found
         segment = self._source.reserve(SHARED_STREAM, pool, PAGE)
         if segment is None:
             return None
@@ -327,8 +308,8 @@ class SharedArenas:
             (block.stamp, order[block.segment.address], block.address, block)
             for arena_pool in self._all_pools()
             if arena_pool.pool_id == DEFAULT_POOL_ID  # a graph may replay a private one's
-            for block in arena_pool.blocks()
-            if block.size >= PAGE and block.segment.stream == SHARED_STREAM
+            for block in arena_pool.blocks_from(PAGE)
+            if block.segment.stream == SHARED_STREAM
         )
         live: dict[int, int] = {}  # small arena address -> its mapped bytes not free
         waited: set[int] = set()
@@ -366,8 +347,3 @@ class SharedArenas:
         self._wait_for_stream(block.stream, waited)  # its last use may still be running
         self._unmap_block(block, lowest=bottom)
         return top - bottom
-
-
-def _free_of(block: Block, stream: int) -> bool:
-    """Whether ``block`` is free and owned by ``stream``."""
-    return block.is_free() and block.stream == stream

@@ -197,6 +197,16 @@ class BlockPool:
         ]
         return iter(ordered)
 
+    def blocks_from(self, size: int) -> list[Block]:
+        """Every free mapped block of at least ``size`` bytes, in (stream, size, address)
+        order."""
+        floor = size << KEY_SHIFT
+        return [
+            self._blocks[k & _ADDRESS_MASK]
+            for s in sorted(self._keys)
+            for k in self._keys[s][bisect_left(self._keys[s], floor) :]
+        ]
+
     # unmapped blocks of expandable segments, by (stream, address)
     def insert_unmapped(self, block: Block) -> None:
         """Add an unmapped block."""
@@ -221,6 +231,41 @@ class BlockPool:
             return None
         block = self._unmapped[keys[i - 1]]
         return block if address < block.address + block.size else None
+
+    def first_run(self, stream: int, size: int, shared: int) -> tuple[Block, int] | None:
+        """The lowest-address run of at least ``size`` bytes of unmapped blocks on ``shared``
+        and free mapped blocks of ``stream`` (``policy:accelrt``'s arenas, docs/allocator.md
+        16.2 step 4): its first block and its end address, or None when there is none.
+
+        A run starts at an unmapped block, or at the free block of ``stream`` just before it.
+        A walk that fails stops where any later run through the blocks it crossed would stop,
+        with less room: the unmapped blocks below its end are passed over, so each block is
+        walked once per call.
+        """
+        walked_to = 0  # where the last failed walk stopped
+        for address in self._unmapped_keys.get(shared, []):
+            if address < walked_to:
+                continue
+            start = self._unmapped[address]
+            before = start.prev
+            if (
+                before is not None
+                and before.mapped
+                and before.stream == stream
+                and before.is_free()
+            ):
+                start = before  # the stream's free block just before it
+            room = 0
+            walk: Block | None = start
+            while room < size and walk is not None and (not walk.mapped or walk.stream == stream):
+                if not walk.is_free():
+                    break
+                room += walk.size
+                walk = walk.next
+            if room >= size:
+                return start, start.address + room
+            walked_to = start.address + room
+        return None
 
     def unmapped_streams(self) -> list[int]:
         """Return the streams that have unmapped blocks in this pool."""

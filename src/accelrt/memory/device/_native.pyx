@@ -191,6 +191,11 @@ cdef class Block:
         return f"Block(address={self.address:#x}, size={self.size}, stream={self.stream}, {state})"
 
 
+cdef inline bint _is_free(Block block):
+    """``block.is_free()`` without a Python call."""
+    return not block.allocated and block.event_count == 0 and not block.stream_uses
+
+
 cdef inline Block _split_block(Block whole, int64_t size, Block spare):
     """A block for the first ``size`` bytes of ``whole`` (same stream, pool, segment): ``spare``
     (a merged-away block nothing else refers to, reset here) or a new one."""
@@ -414,6 +419,16 @@ cdef class BlockPool:
                 out.append(<Block>item.second[i].block)
         return iter(out)
 
+    def blocks_from(self, int64_t size):
+        """Every free mapped block of at least ``size`` bytes, in (stream, size, address)
+        order."""
+        cdef list out = []
+        cdef size_t i
+        for item in self._keys:
+            for i in range(free_list_lower_bound(item.second, size, INT64_MIN), item.second.size()):
+                out.append(<Block>item.second[i].block)
+        return out
+
     # unmapped blocks of expandable segments, by (stream, address)
     def insert_unmapped(self, Block block not None):
         """Add an unmapped block."""
@@ -453,6 +468,34 @@ cdef class BlockPool:
         dec(found)
         cdef Block block = <Block>deref(found).second
         return block if address < block.address + block.size else None
+
+    def first_run(self, int64_t stream, int64_t size, int64_t shared):
+        """The lowest-address run of at least ``size`` bytes of unmapped blocks on ``shared``
+        and free mapped blocks of ``stream``: see memory/device/_block.py BlockPool.first_run."""
+        if not self._unmapped_keys.count(shared):
+            return None
+        cdef cmap[int64_t, BlockRef]* keys = &self._unmapped_keys[shared]
+        cdef int64_t walked_to = 0  # where the last failed walk stopped
+        cdef int64_t room
+        cdef Block start, before, walk
+        for item in keys[0]:
+            if item.first < walked_to:
+                continue
+            start = <Block>item.second
+            before = start.prev
+            if before is not None and before.mapped and before.stream == stream and _is_free(before):
+                start = before
+            room = 0
+            walk = start
+            while room < size and walk is not None and (not walk.mapped or walk.stream == stream):
+                if not _is_free(walk):
+                    break
+                room += walk.size
+                walk = walk.next
+            if room >= size:
+                return start, start.address + room
+            walked_to = start.address + room
+        return None
 
     def unmapped_streams(self):
         """Return the streams that have unmapped blocks in this pool."""
