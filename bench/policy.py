@@ -254,6 +254,10 @@ class Policy:
     restitch_min : int
         > 0: a request of a rounded size (at least this) that a reclaim has served before
         creates pages instead (GMLake: a size is stitched once, then reused).
+    protect_request : bool
+        A reclaim for a growth spares only what the request will hold (and the pages being
+        mapped), not the whole run found for it: the run's last free block gives its whole
+        pages above the request's end (else every block of the run is spared).
     """
 
     name: str
@@ -291,6 +295,7 @@ class Policy:
     move_max_min: int = 0
     move_max_after: float = 0.0
     floor_slack_mul: float = 1.0
+    protect_request: bool = False
 
 
 ACCELRT = Policy(
@@ -323,11 +328,14 @@ growth as expandable segments (to the next 20 MiB boundary) only within max(that
 H + 20 MiB), reclaims from the requesting arena first, and a small arena's last idle page
 kept from large arenas."""
 
-ACCELRT3 = dataclasses.replace(ACCELRT2, name="accelrt3", adapt_div=1, adapt_min_share=1 / 3)
+ACCELRT3 = dataclasses.replace(
+    ACCELRT2, name="accelrt3", adapt_div=1, adapt_min_share=1 / 3, protect_request=True
+)
 """The candidate for ``policy:accelrt`` (docs/policy-design.md): ``accelrt2``, and a move for a
 map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H):
 a trace whose largest tensors have to be stitched anew keeps room as expandable segments
-would, instead of stitching them every iteration."""
+would, instead of stitching them every iteration; a reclaim spares only what the request will
+hold (``protect_request``)."""
 
 POLICIES = {
     p.name: p
@@ -562,22 +570,25 @@ class Device:
                         if a.page != page and a.state.get(addr) == S_FREE and a.ftime[addr] == t:
                             kept.append((key, t, aid, addr))
                         continue
-                    if (
-                        (only is not None and aid != only)
-                        or (a is exclude and addr < hi and addr + a.size[addr] > lo)
-                        or (
-                            self.policy.keep_small
-                            and a.small
-                            and not exclude.small
-                            and a.mapped - a.live < (self.policy.keep_small + 1) * page
-                        )
+                    above = 0
+                    if a is exclude and addr < hi and addr + a.size[addr] > lo:
+                        if self.policy.protect_request and addr + a.size[addr] > hi:
+                            above = hi  # the run's last free block: its pages above hi
+                        else:
+                            kept.append((key, t, aid, addr))
+                            continue
+                    if (only is not None and aid != only) or (
+                        self.policy.keep_small
+                        and a.small
+                        and not exclude.small
+                        and a.mapped - a.live < (self.policy.keep_small + 1) * page
                     ):
                         kept.append((key, t, aid, addr))
                         continue
                     if self.clock - t < self.policy.min_age:
                         kept.append((key, t, aid, addr))
                         break
-                    got += a.unmap_block(addr, want - got if self.policy.exact else 0)
+                    got += a.unmap_block(addr, want - got if self.policy.exact else 0, above)
                 for e in kept:
                     heapq.heappush(self.lru, e)
         else:  # largest (or smallest) first, over every arena of this page size
@@ -914,10 +925,11 @@ class Arena:
                 room -= dev.pool.get(page, 0)
                 chunk = min(chunk, max(exact, room // page * page))
             need = min(self.size[u], max(exact, chunk))
+            spared = max(start + s if dev.policy.protect_request else run_end, u + need)
             if self.views:
-                ids = self.dev.obtain_views(need // page, self, start, max(run_end, u + need))
+                ids = self.dev.obtain_views(need // page, self, start, spared)
             else:
-                self.dev.obtain(page, need, self, start, max(run_end, u + need))
+                self.dev.obtain(page, need, self, start, spared)
             # reclaiming may have merged unmapped pages of a neighbour into u's block
             ub = self.unmapped[bisect.bisect_right(self.unmapped, u) - 1]
             uend = ub + self.size[ub]
@@ -939,15 +951,16 @@ class Arena:
             self._claim(addr, size, -1)
         self._put_merged(addr, size, S_FREE, owner)
 
-    def unmap_block(self, addr: int, want: int = 0) -> int:
+    def unmap_block(self, addr: int, want: int = 0, above: int = 0) -> int:
         """Unmap the whole pages inside the free block at ``addr`` (with ``want``: only enough
-        of its highest ones for that many bytes); return their bytes."""
+        of its highest ones for that many bytes; none below ``above``); return their bytes."""
         size = self.size[addr]
         page = self.page
         lo = -(-addr // page) * page
         hi = (addr + size) // page * page
         if want:
             lo = max(lo, hi - -(-want // page) * page)
+        lo = max(lo, -(-above // page) * page)
         if hi <= lo:
             return 0
         when = self.ftime[addr]

@@ -215,3 +215,28 @@ def test_a_private_pools_free_pages_are_never_moved() -> None:
     stats = alloc.memory_stats()
     assert stats["reserved_bytes.all.current"] == 160 * MiB
     assert stats["num_device_free"] == 0
+
+
+def test_a_reclaim_takes_the_pages_of_the_runs_last_block_above_the_request() -> None:
+    """Section 16.2 step 5.2: a reclaim spares what the request will hold, not the whole run
+    found for it. Driven through the reclaim step itself (a state where the budget forces it
+    takes a long trace; bench/policy_synthetic.py's kv family is one)."""
+    _, alloc = allocator("policy:accelrt")
+    head = alloc.malloc(20 * MiB, 0)
+    free_block = alloc.malloc(60 * MiB, 0)
+    tail = alloc.malloc(20 * MiB, 0)
+    base = head.address
+    alloc.free(free_block)  # free and mapped: [20, 80) MiB of the arena
+    pool = free_block.pool
+    assert alloc.memory_stats()["reserved_bytes.all.current"] == 100 * MiB
+    # a request about to hold [20, 50) MiB: the block reaches past it, so its whole pages
+    # above 50 MiB may go (highest first, as many as wanted), never those below
+    assert alloc._reclaim(pool, 20 * MiB, base + 20 * MiB, base + 50 * MiB) == 20 * MiB
+    assert alloc._reclaim(pool, 40 * MiB, base + 20 * MiB, base + 50 * MiB) == 10 * MiB
+    stats = alloc.memory_stats()
+    assert stats["reserved_bytes.all.current"] == 70 * MiB
+    assert stats["num_device_free"] == 2
+    assert [(b.address - base, b.size) for b in pool.blocks()] == [(20 * MiB, 30 * MiB)]
+    # a block wholly inside what the request will hold gives nothing
+    assert alloc._reclaim(pool, 20 * MiB, base + 20 * MiB, base + 50 * MiB) == 0
+    assert head.allocated and tail.allocated

@@ -242,11 +242,12 @@ def test_arena_lookups_agree_on_both_cores() -> None:
             assert pool.unmapped_at(stream, address) is None, (stream, hex(address))
 
         # a free block of the stream just before an unmapped one starts the run
-        assert pool.first_run(7, 0x1000, 0) == (held["a"], 0x2000)
+        assert pool.first_run(7, 0x1000, 0) is held["a"]
         # a..b stops at the allocated c; d, e (the stream's) and f hold 0x2000 bytes
-        assert pool.first_run(7, 0x1800, 0) == (held["d"], 0x4800)
+        assert pool.first_run(7, 0x1800, 0) is held["d"]
+        assert pool.first_run(7, 0x2001, 0) is None
         # another stream's free blocks end every run: only f is left
-        assert pool.first_run(9, 0x1000, 0) == (held["f"], 0x4800)
+        assert pool.first_run(9, 0x1000, 0) is held["f"]
         assert pool.first_run(9, 0x1800, 0) is None
         assert pool.first_run(7, 0x800, 5) is None  # no unmapped block on that stream
 

@@ -205,10 +205,9 @@ class SharedArenas:
         """Map pages until a free run of ``size`` bytes owned by ``stream`` exists in an arena
         of ``pool``; return it out of the pool, or None when memory ran out (the malloc ladder
         then releases the cache and retries)."""
-        found = self._arena_run(pool, size, stream)
-        if found is None:
+        start = self._arena_run(pool, size, stream)
+        if start is None:
             return None
-        start, run_end = found
         base = start.address
         segment = start.segment
         current = start if start.mapped else None
@@ -226,9 +225,9 @@ class SharedArenas:
                     cap = max(self._base_budget(), self._high_water + large) - self._reserved
                     chunk = min(aligned, max(exact, cap // PAGE * PAGE))
             need = min(unmapped.address + unmapped.size - at, max(exact, chunk))
-            mapped = self._map_part(pool, at, need, stream, base, run_end)
+            mapped = self._map_part(pool, at, need, stream, base, base + size)
             if mapped is None and need > exact:  # refused: the pages the request needs only
-                mapped = self._map_part(pool, at, exact, stream, base, run_end)
+                mapped = self._map_part(pool, at, exact, stream, base, base + size)
             if mapped is None:
                 if self.config.throw_on_cudamalloc_oom and self._fraction_refuses(exact):
                     raise FractionRejection  # past the fraction: no retries
@@ -238,22 +237,23 @@ class SharedArenas:
         return current
 
     def _map_part(
-        self, pool: BlockPool, at: int, need: int, stream: int, lo: int, run_end: int
+        self, pool: BlockPool, at: int, need: int, stream: int, lo: int, request_end: int
     ) -> Block | None:
         """Map ``need`` bytes at ``at`` for ``stream`` (reclaiming first above the budget,
-        never inside the run from ``lo``); the mapped block, merged with the free block before
-        it, or None when the device or the memory fraction refused."""
-        if not self._pages_for(pool, need, lo, max(run_end, at + need)):
+        never from what the request will hold, ``[lo, request_end)``, or from the pages about
+        to be mapped); the mapped block, merged with the free block before it, or None when
+        the device or the memory fraction refused."""
+        if not self._pages_for(pool, need, lo, max(request_end, at + need)):
             return None
         unmapped = self._unmapped_at(pool, at)  # a reclaim may have merged into it
         if not self._map_block(unmapped, need, at=at, owner=stream):
             return None
         return unmapped  # mapped now
 
-    def _arena_run(self, pool: BlockPool, size: int, stream: int) -> tuple[Block, int] | None:
-        """The lowest-address run of free blocks of ``stream`` and unmapped blocks that holds
-        ``size`` bytes (its first block and its end address), in a new arena if none has
-        room; None when no address space is left."""
+    def _arena_run(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        """The first block of the lowest-address run of free blocks of ``stream`` and
+        unmapped blocks that holds ``size`` bytes, in a new arena if none has room; None when
+        no address space is left."""
         found = pool.first_run(stream, size, SHARED_STREAM)
         if found is not None:
             return found
@@ -269,7 +269,7 @@ class SharedArenas:
         block = self._Block(segment.address, segment.size, SHARED_STREAM, pool, segment)
         block.mapped = False
         pool.insert_unmapped(block)
-        return block, block.address + block.size
+        return block
 
     @staticmethod
     def _unmapped_at(pool: BlockPool, address: int) -> Block:
@@ -281,7 +281,7 @@ class SharedArenas:
 
     def _pages_for(self, pool: BlockPool, need: int, lo: int, hi: int) -> bool:
         """Make room for a map of ``need`` bytes: above the budget, reclaim idle pages first
-        (never from ``[lo, hi)``, the run being mapped); False when the memory fraction
+        (never from ``[lo, hi)``, what the request will hold); False when the memory fraction
         forbids the pages still to be created."""
         budget = self._base_budget() + self._allowance
         if self._allowed_max is not None:
@@ -320,8 +320,11 @@ class SharedArenas:
                     return got
                 if (own_pool_only and block.pool is not pool) or not block.mapped:
                     continue
+                above = 0
                 if block.address < hi and block.address + block.size > lo:
-                    continue  # inside the run about to be mapped
+                    if block.address + block.size <= hi:
+                        continue  # inside what the request is about to hold
+                    above = hi  # the run's last free block: only its pages above that
                 segment = block.segment
                 assert isinstance(segment, ExpandableSegment)
                 if block.pool.is_small and not pool.is_small and block.size < 2 * PAGE:
@@ -331,17 +334,20 @@ class SharedArenas:
                         live[segment.address] = segment.mapped_bytes - free
                     if segment.mapped_bytes - live[segment.address] < 2 * PAGE:
                         continue
-                got += self._unmap_idle_pages(block, want - got, waited)
+                got += self._unmap_idle_pages(block, want - got, waited, above)
         return got
 
-    def _unmap_idle_pages(self, block: Block, want: int, waited: set[int]) -> int:
-        """Unmap the highest whole pages of a free block, at most ``want`` bytes of them, once
-        its owner's work has finished; return the bytes unmapped."""
+    def _unmap_idle_pages(self, block: Block, want: int, waited: set[int], above: int) -> int:
+        """Unmap the highest whole pages of a free block, at most ``want`` bytes of them and
+        none below address ``above``, once its owner's work has finished; return the bytes
+        unmapped."""
         segment = block.segment
         end = block.address + block.size
         top = segment.address + (end - segment.address) // PAGE * PAGE
         bottom = segment.address + -(-(block.address - segment.address) // PAGE) * PAGE
         bottom = max(bottom, top - -(-want // PAGE) * PAGE)
+        if above > bottom:
+            bottom = segment.address + -(-(above - segment.address) // PAGE) * PAGE
         if top <= bottom:
             return 0
         self._wait_for_stream(block.stream, waited)  # its last use may still be running

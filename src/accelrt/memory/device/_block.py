@@ -232,10 +232,10 @@ class BlockPool:
         block = self._unmapped[keys[i - 1]]
         return block if address < block.address + block.size else None
 
-    def first_run(self, stream: int, size: int, shared: int) -> tuple[Block, int] | None:
-        """The lowest-address run of at least ``size`` bytes of unmapped blocks on ``shared``
-        and free mapped blocks of ``stream`` (``policy:accelrt``'s arenas, docs/allocator.md
-        16.2 step 4): its first block and its end address, or None when there is none.
+    def first_run(self, stream: int, size: int, shared: int) -> Block | None:
+        """The first block of the lowest-address run of at least ``size`` bytes of unmapped
+        blocks on ``shared`` and free mapped blocks of ``stream`` (``policy:accelrt``'s
+        arenas, docs/allocator.md 16.2 step 4), or None when there is none.
 
         A run starts at an unmapped block, or at the free block of ``stream`` just before it.
         A walk that fails stops where any later run through the blocks it crossed would stop,
@@ -263,7 +263,7 @@ class BlockPool:
                 room += walk.size
                 walk = walk.next
             if room >= size:
-                return start, start.address + room
+                return start
             walked_to = start.address + room
         return None
 

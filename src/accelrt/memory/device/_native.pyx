@@ -470,8 +470,9 @@ cdef class BlockPool:
         return block if address < block.address + block.size else None
 
     def first_run(self, int64_t stream, int64_t size, int64_t shared):
-        """The lowest-address run of at least ``size`` bytes of unmapped blocks on ``shared``
-        and free mapped blocks of ``stream``: see memory/device/_block.py BlockPool.first_run."""
+        """The first block of the lowest-address run of at least ``size`` bytes of unmapped
+        blocks on ``shared`` and free mapped blocks of ``stream``: see
+        memory/device/_block.py BlockPool.first_run."""
         if not self._unmapped_keys.count(shared):
             return None
         cdef cmap[int64_t, BlockRef]* keys = &self._unmapped_keys[shared]
@@ -493,7 +494,7 @@ cdef class BlockPool:
                 room += walk.size
                 walk = walk.next
             if room >= size:
-                return start, start.address + room
+                return start
             walked_to = start.address + room
         return None
 
