@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 __all__: list[str] = []
 
@@ -28,3 +29,22 @@ def _library(name: str, user: str, library: str, hint: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as exc:
         raise ImportError(f"accelrt.interop.{user} needs {library}: {hint} ({exc})") from exc
+
+
+def _cuda_index(backend: Any, ordinal: int, whose: str) -> int:
+    """The accelrt device index of CUDA device ``ordinal`` on ``backend`` (the ``cuda``
+    backend), counting only what ``ACCELRT_VISIBLE_DEVICES`` shows; ``whose`` names where the
+    ordinal came from in the error (e.g. ``"CuPy's current device"``).
+
+    Raises
+    ------
+    ValueError
+        If no visible device is that CUDA device.
+    """
+    physical = getattr(backend, "physical_index", None)
+    for index in range(backend.device_count()):
+        if (physical(index) if physical is not None else index) == ordinal:
+            return index
+    raise ValueError(
+        f"CUDA device {ordinal} ({whose}) is not visible to accelrt; check ACCELRT_VISIBLE_DEVICES"
+    )

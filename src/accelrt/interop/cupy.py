@@ -14,12 +14,12 @@ Needs the ``cuda`` backend as the accelerator; imports CuPy only when called.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _runtime
 from .._stream import Stream
 from ..memory import empty
-from . import _library
+from . import _cuda_index, _library
 
 if TYPE_CHECKING:
     from cupy.cuda import MemoryPointer
@@ -31,17 +31,6 @@ INSTALL_HINT = "pip install cupy-cuda12x (or cupy-cuda13x, matching your CUDA dr
 
 def _cupy() -> ModuleType:
     return _library("cupy", "cupy", "CuPy", INSTALL_HINT)
-
-
-def _accelrt_index(backend: Any, ordinal: int) -> int:
-    """The accelrt device index of CUDA device ``ordinal`` (after ACCELRT_VISIBLE_DEVICES)."""
-    for index in range(backend.device_count()):
-        if backend.physical_index(index) == ordinal:
-            return index
-    raise ValueError(
-        f"CUDA device {ordinal} (CuPy's current device) is not visible to accelrt; check "
-        "ACCELRT_VISIBLE_DEVICES"
-    )
 
 
 def accelrt_allocator(nbytes: int) -> MemoryPointer:
@@ -82,7 +71,7 @@ def accelrt_allocator(nbytes: int) -> MemoryPointer:
             f"{backend.name!r}: call accelrt.backends.use('cuda') on a machine with a GPU"
         )
     ordinal = int(cupy.cuda.runtime.getDevice())
-    index = _accelrt_index(backend, ordinal)
+    index = _cuda_index(backend, ordinal, "CuPy's current device")
     stream = Stream.from_handle(int(cupy.cuda.get_current_stream().ptr), index)
     buffer = empty(nbytes, stream=stream)
     # A null pointer (0 bytes) must not make CuPy query its attributes: device -1, as RMM does.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import _runtime
 from .._stream import current_stream
 from ..memory import Buffer, empty, empty_cache, get_memory_info
-from . import _library
+from . import _cuda_index, _library
 
 if TYPE_CHECKING:
     from cuda.bindings.driver import CUdeviceptr
@@ -84,15 +84,7 @@ def _manager_class() -> type:
                     f"accelrt's Numba memory manager needs the 'cuda' backend, but the "
                     f"accelerator is {backend.name!r}: call accelrt.backends.use('cuda')"
                 )
-            ordinal = int(self.context.device.id)
-            physical = getattr(backend, "physical_index", None)
-            for index in range(backend.device_count()):
-                if (physical(index) if physical is not None else index) == ordinal:
-                    return index
-            raise ValueError(
-                f"CUDA device {ordinal} (Numba's context) is not visible to accelrt; check "
-                "ACCELRT_VISIBLE_DEVICES"
-            )
+            return _cuda_index(backend, int(self.context.device.id), "Numba's context")
 
         def memalloc(self, size: int) -> MemoryPointer:
             """Allocate ``size`` bytes of device memory from accelrt.

@@ -14,6 +14,14 @@ if TYPE_CHECKING:
     import pyopencl
 
 
+def _raise_if_out_of_memory(exc: Exception) -> None:
+    """Raise ``BackendOutOfMemory`` (its cause ``exc``) if the PyOpenCL error ``exc`` has one of
+    ``_OOM_CODES``: the driver could not meet the request; return for any other error."""
+    code = exc.code if hasattr(exc, "code") else None
+    if code in _OOM_CODES:
+        raise BackendOutOfMemory(str(exc)) from exc
+
+
 class _DeviceMemory(_Devices):
     """Device memory (``clSVMAlloc``) of the ``opencl`` backend."""
 
@@ -35,9 +43,7 @@ class _DeviceMemory(_Devices):
         try:
             allocation = cl.SVMAllocation(state.context, nbytes, 0, cl.svm_mem_flags.READ_WRITE)
         except cl.Error as exc:
-            code = exc.code if hasattr(exc, "code") else None
-            if code in _OOM_CODES:
-                raise BackendOutOfMemory(str(exc)) from exc
+            _raise_if_out_of_memory(exc)
             raise
         ptr = int(allocation.svm_ptr)
         state.allocations[ptr] = allocation
@@ -115,9 +121,7 @@ class _HostMemory(_Devices):
                 queue, buffer, access, 0, (nbytes,), np.uint8, is_blocking=True
             )
         except cl.Error as exc:
-            code = exc.code if hasattr(exc, "code") else None
-            if code in _OOM_CODES:
-                raise BackendOutOfMemory(str(exc)) from exc
+            _raise_if_out_of_memory(exc)
             raise
         address = int(mapped.__array_interface__["data"][0])
         with self._lock:

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
+from ..._lazy import made_once
 from ..._stream_ops import NO_VIEW  # the build where there is one (_compiled.py)
 from ..._text import error_line
 from .._base import DType, dtypes, visible_devices
@@ -248,14 +249,12 @@ class _Devices:
         return True
 
     def _dev(self, index: int) -> _XPUDevice:
-        state = self._state.get(index)
-        if state is None:
+        state = self._state.get(index)  # the hot case inline: no extra call
+        if state is None:  # first use: made once, under the lock
             device = self._devices()[index]  # before the lock: a first probe takes it too
-            with self._lock:
-                state = self._state.get(index)
-                if state is None:
-                    state = _XPUDevice(_import_dpctl(), device, index)
-                    self._state[index] = state
+            state = made_once(
+                self._state, index, self._lock, lambda i: _XPUDevice(_import_dpctl(), device, i)
+            )
         return state
 
     def context(self, index: int) -> SyclContext:

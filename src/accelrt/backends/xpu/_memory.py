@@ -10,6 +10,14 @@ from .._base import BackendOutOfMemory
 from ._devices import _Devices
 
 
+def _raise_if_out_of_memory(index: int, exc: Exception) -> None:
+    """Raise ``BackendOutOfMemory`` (its cause ``exc``) if ``exc``, from an allocation on device
+    ``index``, is dpctl's ``USMAllocationError`` (its text names the allocation); return for
+    any other error."""
+    if "alloc" in str(exc).lower():
+        raise BackendOutOfMemory(f"xpu:{index}: {error_line(exc)}") from exc
+
+
 class _DeviceMemory(_Devices):
     """Device memory (``sycl::malloc_device``) of the ``xpu`` backend."""
 
@@ -31,8 +39,7 @@ class _DeviceMemory(_Devices):
         except MemoryError as exc:
             raise BackendOutOfMemory(f"xpu:{index}: {nbytes} bytes: {error_line(exc)}") from exc
         except Exception as exc:
-            if "alloc" in str(exc).lower():  # dpctl's USMAllocationError
-                raise BackendOutOfMemory(f"xpu:{index}: {error_line(exc)}") from exc
+            _raise_if_out_of_memory(index, exc)
             raise
         ptr = int(memory.__sycl_usm_array_interface__["data"][0])
         state.allocations[ptr] = memory
@@ -82,8 +89,7 @@ class _HostMemory(_Devices):
         except MemoryError as exc:
             raise BackendOutOfMemory(f"xpu:{index}: {nbytes} host bytes: {exc}") from exc
         except Exception as exc:
-            if "alloc" in str(exc).lower():
-                raise BackendOutOfMemory(f"xpu:{index}: {error_line(exc)}") from exc
+            _raise_if_out_of_memory(index, exc)
             raise
         ptr = int(memory.__sycl_usm_array_interface__["data"][0])
         with self._lock:
