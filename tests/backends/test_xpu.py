@@ -365,3 +365,28 @@ def test_dlpack_exports_usm_memory_as_oneapi(xpu: str) -> None:
         buf.__dlpack__(copy=True)
     del host_view
     buf.free()
+
+
+def test_usm_allocation_failures_become_backend_out_of_memory() -> None:
+    # The runtime's two ways of refusing memory (a MemoryError, dpctl's USMAllocationError)
+    # become BackendOutOfMemory, which the allocator turns into OutOfMemoryError; any other
+    # error passes unchanged. Needs no device: the allocation is a stand-in.
+    from accelrt.backends._base import BackendOutOfMemory
+    from accelrt.backends.xpu._memory import _usm_allocation
+
+    class USMAllocationError(Exception):
+        pass
+
+    def raising(error: Exception) -> Any:
+        def make() -> Any:
+            raise error
+
+        return make
+
+    assert _usm_allocation(0, 8, "bytes", lambda: "memory") == "memory"
+    with pytest.raises(BackendOutOfMemory, match=r"^xpu:1: 4096 host bytes: MemoryError$"):
+        _usm_allocation(1, 4096, "host bytes", raising(MemoryError()))
+    with pytest.raises(BackendOutOfMemory, match=r"^xpu:0: USM allocation failed$"):
+        _usm_allocation(0, 8, "bytes", raising(USMAllocationError("USM allocation failed")))
+    with pytest.raises(ValueError, match="unrelated"):
+        _usm_allocation(0, 8, "bytes", raising(ValueError("unrelated")))

@@ -4,18 +4,29 @@ segments, USM host allocations for the host caching allocator."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
+from typing import Any
 
 from ..._text import error_line
 from .._base import BackendOutOfMemory
 from ._devices import _Devices
 
 
-def _raise_if_out_of_memory(index: int, exc: Exception) -> None:
-    """Raise ``BackendOutOfMemory`` (its cause ``exc``) if ``exc``, from an allocation on device
-    ``index``, is dpctl's ``USMAllocationError`` (its text names the allocation); return for
-    any other error."""
-    if "alloc" in str(exc).lower():
-        raise BackendOutOfMemory(f"xpu:{index}: {error_line(exc)}") from exc
+def _usm_allocation(index: int, nbytes: int, kind: str, make: Callable[[], Any]) -> Any:
+    """``make()``, a dpctl USM allocation of ``nbytes`` ``kind`` on device ``index``.
+
+    Raises ``BackendOutOfMemory`` (its cause the runtime's error) for a ``MemoryError`` or
+    dpctl's ``USMAllocationError`` (its text names the allocation); other errors pass as they
+    are.
+    """
+    try:
+        return make()
+    except MemoryError as exc:
+        raise BackendOutOfMemory(f"xpu:{index}: {nbytes} {kind}: {error_line(exc)}") from exc
+    except Exception as exc:
+        if "alloc" in str(exc).lower():
+            raise BackendOutOfMemory(f"xpu:{index}: {error_line(exc)}") from exc
+        raise
 
 
 class _DeviceMemory(_Devices):
@@ -34,13 +45,10 @@ class _DeviceMemory(_Devices):
             raise BackendOutOfMemory(
                 f"xpu:{index} holds {state.held} of its {total} bytes; {nbytes} more do not fit"
             )
-        try:
-            memory = state.dpctl.memory.MemoryUSMDevice(nbytes, queue=state.streams[0].queue)
-        except MemoryError as exc:
-            raise BackendOutOfMemory(f"xpu:{index}: {nbytes} bytes: {error_line(exc)}") from exc
-        except Exception as exc:
-            _raise_if_out_of_memory(index, exc)
-            raise
+        queue = state.streams[0].queue
+        memory = _usm_allocation(
+            index, nbytes, "bytes", lambda: state.dpctl.memory.MemoryUSMDevice(nbytes, queue=queue)
+        )
         ptr = int(memory.__sycl_usm_array_interface__["data"][0])
         state.allocations[ptr] = memory
         state.held += nbytes
@@ -84,13 +92,13 @@ class _HostMemory(_Devices):
         Raises ``BackendOutOfMemory`` when the runtime cannot allocate it.
         """
         state = self._dev(index)
-        try:
-            memory = state.dpctl.memory.MemoryUSMHost(nbytes, queue=state.streams[0].queue)
-        except MemoryError as exc:
-            raise BackendOutOfMemory(f"xpu:{index}: {nbytes} host bytes: {exc}") from exc
-        except Exception as exc:
-            _raise_if_out_of_memory(index, exc)
-            raise
+        queue = state.streams[0].queue
+        memory = _usm_allocation(
+            index,
+            nbytes,
+            "host bytes",
+            lambda: state.dpctl.memory.MemoryUSMHost(nbytes, queue=queue),
+        )
         ptr = int(memory.__sycl_usm_array_interface__["data"][0])
         with self._lock:
             self._host[ptr] = (index, memory)
