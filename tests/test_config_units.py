@@ -78,6 +78,7 @@ def test_expandable_segments_on_opencl_warn_once_and_fall_back(opencl: str) -> N
     with pytest.warns(RuntimeWarning, match="expandable segments need virtual memory") as seen:
         buf = acc.empty(1)
     assert "'opencl' backend does not have" in str(seen[0].message)
+    assert seen[0].filename == __file__  # located at the user's call
     assert acc.memory_reserved() == 2 * MiB  # an ordinary small segment
     assert acc.memory_stats()["segment.all.current"] == 1
     buf.free()

@@ -169,8 +169,9 @@ def test_an_unknown_policy_is_refused_by_name() -> None:
 def test_ignored_settings_are_said_once() -> None:
     backend = SimBackend(device_count=1, capacity=GiB)
     config = AllocatorConfig.parse("policy:accelrt,max_split_size_mb:128")
-    with pytest.warns(RuntimeWarning, match="policy:accelrt ignores max_split_size_mb"):
+    with pytest.warns(RuntimeWarning, match="policy:accelrt ignores max_split_size_mb") as seen:
         alloc = CachingAllocator(backend, 0, config)
+    assert seen[0].filename == __file__  # the caller's line, not accelrt's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         alloc.set_config(config)  # said once
@@ -182,6 +183,7 @@ def test_without_virtual_memory_pytorchs_policy_is_used(opencl: str) -> None:
     with pytest.warns(RuntimeWarning, match="policy:accelrt maps pages") as seen:
         buffer = acc.empty(4 * MiB)
     assert "the 'opencl' backend has none, so PyTorch's policy" in str(seen[0].message)
+    assert seen[0].filename == __file__
     assert acc.memory_stats()["segment.all.current"] == 1  # an ordinary 20 MiB segment
     assert acc.memory_reserved() == 20 * MiB
     buffer.free()

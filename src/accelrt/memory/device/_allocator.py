@@ -25,11 +25,11 @@ from __future__ import annotations
 import itertools
 import operator
 import threading
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import OutOfMemoryError
+from ..._warn import warn_user
 from ...backends._base import Backend
 from .._atomic import PENDING, atomic, deliver, protect_sigint, register
 from .._config import AllocatorConfig
@@ -202,12 +202,11 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             wants_expandable = config.expandable_segments and config.policy == "pytorch"
             if wants_expandable and not self._expandable and not self._warned_expandable:
                 self._warned_expandable = True
-                warnings.warn(
+                warn_user(
                     f"{self.device_name}: expandable segments need virtual memory (reserving "
                     f"address space and mapping pages into it), which the {self.backend.name!r} "
                     "backend does not have; using normal segments",
                     RuntimeWarning,
-                    stacklevel=3,
                 )
 
     def _use_arenas(self, config: AllocatorConfig) -> bool:
@@ -218,12 +217,11 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         if not self._source.supports_expandable:
             if not self._warned_policy:
                 self._warned_policy = True
-                warnings.warn(
+                warn_user(
                     f"{self.device_name}: policy:accelrt maps pages into reserved address "
                     f"space, which needs virtual memory; the {self.backend.name!r} backend has "
                     "none, so PyTorch's policy (policy:pytorch) is used",
                     RuntimeWarning,
-                    stacklevel=4,
                 )
             return False
         default = AllocatorConfig()
@@ -242,12 +240,11 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         ]
         if ignored and not self._warned_policy:
             self._warned_policy = True
-            warnings.warn(
+            warn_user(
                 f"{self.device_name}: policy:accelrt ignores {', '.join(ignored)} (its arenas "
                 "are always expandable and never keep blocks from splitting); memory_stats() "
                 "shows max_split_size -1",
                 RuntimeWarning,
-                stacklevel=4,
             )
         return True
 
@@ -947,11 +944,10 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         try:
             self._release_if_abandoned(pool_id)
         except Exception as exc:
-            warnings.warn(
+            warn_user(
                 f"{self.device_name}: releasing the cache of dropped MemPool {pool_id} failed "
                 f"({exc}); empty_cache() releases it later",
                 RuntimeWarning,
-                stacklevel=4,
             )
 
     @staticmethod

@@ -12,11 +12,11 @@ Completed events are kept per device for reuse, and destroyed by ``empty_cache``
 from __future__ import annotations
 
 import functools
-import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from ..._warn import warn_user
 from ...backends._base import Backend
 
 __all__ = ["EventBlock", "StreamEvents"]
@@ -117,11 +117,10 @@ class StreamEvents(Generic[B]):
         except Exception:
             how = "the stream is gone: a destroyed stream has finished its work"
         used = self._USED_BLOCK.format(block.address)
-        warnings.warn(
+        warn_user(
             f"{self.backend.name}:{device_index}: no event could be recorded on stream "
             f"{stream:#x}, which used {used}: {exc}; {how}, so the free does not wait for it",
             RuntimeWarning,
-            stacklevel=5,
         )
 
     def _process_events(self) -> None:
