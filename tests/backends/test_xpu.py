@@ -371,7 +371,7 @@ def test_usm_allocation_failures_become_backend_out_of_memory() -> None:
     # The runtime's two ways of refusing memory (a MemoryError, dpctl's USMAllocationError)
     # become BackendOutOfMemory, which the allocator turns into OutOfMemoryError; any other
     # error passes unchanged. Needs no device: the allocation is a stand-in.
-    from accelrt.backends._base import BackendOutOfMemory
+    from accelrt.backends import BackendOutOfMemory
     from accelrt.backends.xpu._memory import _usm_allocation
 
     class USMAllocationError(Exception):
