@@ -1,7 +1,7 @@
-"""Issue 23 on traces nobody recorded: the policies on generated workloads of three families.
+"""Issue 23 on traces nobody recorded: the policies on generated workloads of four families.
 
 ``bench/policy.py`` measures the policies on the real traces we hold; the issue will also be
-judged on traces we have not seen. This benchmark generates seeded workloads of three families,
+judged on traces we have not seen. This benchmark generates seeded workloads of four families,
 each on one stream and on three, and replays every one under PyTorch's defaults,
 ``expandable_segments:True`` and ``policy:accelrt`` on the simulated device (through
 ``accelrt.replay.replay``, the real allocator):
@@ -12,6 +12,8 @@ each on one stream and on three, and replays every one under PyTorch's defaults,
 - ``kv``: a decoder's key/value caches growing by concatenation. Each step allocates a cache
   a few pages larger, frees the old one, and makes a few temporaries.
 - ``rand``: allocations of log-uniform sizes (1 KiB to 256 MiB) freed at random.
+- ``busy``: the same with many more live at once (up to 3,000, of 1 KiB to 64 MiB) and
+  20,000 steps: a stress case, not a model of a training step.
 
 Printed: for each workload, peak reserved / peak requested (1.0 is the floor) under each
 setting, and ``policy:accelrt``'s map calls against expandable segments'; per family, the
@@ -129,10 +131,26 @@ def random_lifetimes(rng: np.random.Generator, streams: int) -> list[Event]:
     return out.events
 
 
+def busy(rng: np.random.Generator, streams: int) -> list[Event]:
+    """20,000 steps, each freeing a random live allocation (half the time, and always at
+    3,000 live) or allocating one of 1 KiB to 64 MiB."""
+    out = Recorder()
+    live: list[tuple[int, int]] = []
+    for _ in range(20000):
+        if live and (rng.random() < 0.5 or len(live) >= 3000):
+            address, stream = live.pop(int(rng.integers(len(live))))
+            out.free(address, stream)
+        else:
+            stream = int(rng.integers(streams))
+            live.append((out.alloc(log_uniform(rng, 1, 10, 26)[0], stream), stream))
+    return out.events
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
     "train": training,
     "kv": kv_cache,
     "rand": random_lifetimes,
+    "busy": busy,
 }
 
 
