@@ -258,6 +258,10 @@ class Policy:
         A reclaim for a growth spares only what the request will hold (and the pages being
         mapped), not the whole run found for it: the run's last free block gives its whole
         pages above the request's end (else every block of the run is spared).
+    join_owners : bool
+        With ``streams="adopt"``: a miss that would take reserved above the budget first
+        joins every run of neighbouring free blocks of different owners into one block (the
+        lowest one's owner and free time).
     """
 
     name: str
@@ -296,6 +300,7 @@ class Policy:
     move_max_after: float = 0.0
     floor_slack_mul: float = 1.0
     protect_request: bool = False
+    join_owners: bool = False
 
 
 ACCELRT = Policy(
@@ -329,13 +334,19 @@ H + 20 MiB), reclaims from the requesting arena first, and a small arena's last 
 kept from large arenas."""
 
 ACCELRT3 = dataclasses.replace(
-    ACCELRT2, name="accelrt3", adapt_div=1, adapt_min_share=1 / 3, protect_request=True
+    ACCELRT2,
+    name="accelrt3",
+    adapt_div=1,
+    adapt_min_share=1 / 3,
+    protect_request=True,
+    join_owners=True,
 )
 """The candidate for ``policy:accelrt`` (docs/policy-design.md): ``accelrt2``, and a move for a
 map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H):
 a trace whose largest tensors have to be stitched anew keeps room as expandable segments
 would, instead of stitching them every iteration; a reclaim spares only what the request will
-hold (``protect_request``)."""
+hold (``protect_request``); above the budget, free neighbours of different owners are joined
+first (``join_owners``)."""
 
 POLICIES = {
     p.name: p
@@ -816,6 +827,9 @@ class Arena:
         self.dev.cur_s = s
         addr = self._find(s, stream)
         if addr is None and self.dev.policy.streams == "adopt":
+            dev = self.dev
+            if dev.policy.join_owners and dev.reserved + s > dev.budget() + dev.allow:
+                self._join_owners()
             addr = self._adopt(s, stream)
         if addr is None:
             addr = self._grow(s, stream)
@@ -850,6 +864,22 @@ class Arena:
                     break
                 i, g = i + 1, ng
         return free[i][1]
+
+    def _join_owners(self) -> None:
+        """Make every run of neighbouring free blocks one block, owned by its lowest block's
+        owner, with that block's free time."""
+        runs: list[list[int]] = []
+        for addr in sorted(a for a, state in self.state.items() if state == S_FREE):
+            if runs and self.end.get(addr) == runs[-1][-1]:
+                runs[-1].append(addr)
+            else:
+                runs.append([addr])
+        for run in runs:
+            if len(run) > 1:
+                first = run[0]
+                owner, when = self.owner[first], self.ftime[first]
+                total = sum(self._remove(addr)[0] for addr in run)
+                self._add(first, total, S_FREE, owner, when)
 
     def _adopt(self, s: int, stream: int) -> int | None:
         """Slow path: the best fit among other streams' free blocks (their frees have

@@ -242,3 +242,22 @@ def test_a_reclaim_takes_the_pages_of_the_runs_last_block_above_the_request() ->
     # a block wholly inside what the request will hold gives nothing
     assert alloc._reclaim(pool, 20 * MiB, base + 20 * MiB, base + 50 * MiB) == 0
     assert head.allocated and tail.allocated
+
+
+def test_above_the_budget_free_neighbours_of_other_streams_are_joined() -> None:
+    """Section 16.2 step 3: a miss that would take reserved above the budget first joins
+    neighbouring free blocks of different owners (after both streams' work), so the request
+    fits where they were: no page is mapped or moved."""
+    backend, alloc = allocator("policy:accelrt")
+    side = backend.stream_create(0, 0)
+    a = alloc.malloc(10 * MiB, 0)  # maps 20 MiB: up to the next 20 MiB boundary
+    b = alloc.malloc(10 * MiB, side)  # adopts the rest, owned by the side stream
+    assert b.address == a.address + 10 * MiB
+    base = a.address
+    alloc.free(a)
+    alloc.free(b)  # two free neighbours, owned by two streams: not merged by a free
+    c = alloc.malloc(20 * MiB, 0)
+    assert c.address == base and c.size == 20 * MiB
+    stats = alloc.memory_stats()
+    assert stats["reserved_bytes.all.current"] == 20 * MiB
+    assert (stats["num_device_alloc"], stats["num_device_free"]) == (1, 0)

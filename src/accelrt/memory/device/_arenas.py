@@ -9,6 +9,8 @@ free list (the compiled core serves them). This module runs only on misses:
 
 1. **adopt** another stream's free block of the same pool (best fit by size, then address),
    after making the request's stream wait for the owner's work (one event, on the device);
+   when the request would take reserved memory above the **budget** (below), neighbouring
+   free blocks of different owners are first joined into one (``_join_owners``);
 2. **grow** the arena as expandable segments grow (the first run of own free and unmapped
    blocks that holds the request), mapping whole 2 MiB pages, large arenas up to the next
    ``large_segment_size`` boundary while reserved memory stays within the growth cap;
@@ -124,11 +126,17 @@ class SharedArenas:
         high = self._high_water
         return max(self._floor_peak, high + high // 200)
 
+    def _budget(self) -> int:
+        """B = B0 + A, capped by the memory fraction's allowance (16.2)."""
+        budget = self._base_budget() + self._allowance
+        return budget if self._allowed_max is None else min(budget, self._allowed_max)
+
     def _join_owners(self, pool: BlockPool) -> None:
         """Merge neighbouring free arena blocks of different owners, once each owner's work
-        has finished, so that releasing the cache (``empty_cache``, the malloc ladder's last
-        step) can unmap a page they share (16.3). The merged block takes the lower one's
-        owner."""
+        has finished: a miss above the budget (16.2 step 3) can then adopt, or reclaim the
+        pages of, the joined block, and releasing the cache (``empty_cache``, the malloc
+        ladder's last step) can unmap a page they share (16.3). The merged block takes the
+        lower one's owner and stamp."""
         waited: set[int] = set()
         for block in pool.blocks():
             if block.segment.stream != SHARED_STREAM or pool.get(block.address) is not block:
@@ -283,10 +291,7 @@ class SharedArenas:
         """Make room for a map of ``need`` bytes: above the budget, reclaim idle pages first
         (never from ``[lo, hi)``, what the request will hold); False when the memory fraction
         forbids the pages still to be created."""
-        budget = self._base_budget() + self._allowance
-        if self._allowed_max is not None:
-            budget = min(budget, self._allowed_max)
-        if self._reserved + need > budget:
+        if self._reserved + need > self._budget():
             reserved_before = self._reserved
             moved = self._reclaim(pool, need, lo, hi)
             if moved:
