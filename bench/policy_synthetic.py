@@ -117,33 +117,34 @@ def kv_cache(rng: np.random.Generator, streams: int) -> list[Event]:
     return out.events
 
 
-def random_lifetimes(rng: np.random.Generator, streams: int) -> list[Event]:
-    """3,000 steps, each freeing a random live allocation (48%) or allocating one."""
+def _random_frees(
+    rng: np.random.Generator, streams: int, steps: int, free_share: float, most_live: int, top: int
+) -> list[Event]:
+    """``steps`` steps, each freeing a random live allocation (with probability
+    ``free_share``, and always at ``most_live`` live) or allocating one of 1 KiB to 2**top
+    bytes."""
     out = Recorder()
     live: list[tuple[int, int]] = []
-    for _ in range(3000):
-        if live and rng.random() < 0.48:
+    for _ in range(steps):
+        if live and (rng.random() < free_share or len(live) >= most_live):
             address, stream = live.pop(int(rng.integers(len(live))))
             out.free(address, stream)
         else:
             stream = int(rng.integers(streams))
-            live.append((out.alloc(log_uniform(rng, 1, 10, 28)[0], stream), stream))
+            live.append((out.alloc(log_uniform(rng, 1, 10, top)[0], stream), stream))
     return out.events
+
+
+def random_lifetimes(rng: np.random.Generator, streams: int) -> list[Event]:
+    """3,000 steps, each freeing a random live allocation (48%) or allocating one of up to
+    256 MiB."""
+    return _random_frees(rng, streams, 3000, 0.48, 3000, 28)
 
 
 def busy(rng: np.random.Generator, streams: int) -> list[Event]:
     """20,000 steps, each freeing a random live allocation (half the time, and always at
     3,000 live) or allocating one of 1 KiB to 64 MiB."""
-    out = Recorder()
-    live: list[tuple[int, int]] = []
-    for _ in range(20000):
-        if live and (rng.random() < 0.5 or len(live) >= 3000):
-            address, stream = live.pop(int(rng.integers(len(live))))
-            out.free(address, stream)
-        else:
-            stream = int(rng.integers(streams))
-            live.append((out.alloc(log_uniform(rng, 1, 10, 26)[0], stream), stream))
-    return out.events
+    return _random_frees(rng, streams, 20000, 0.5, 3000, 26)
 
 
 FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
