@@ -353,8 +353,10 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         in_arenas = self._arenas and self._source_of(pool) is self._source
         if in_arenas:
             self._note_request(pool, size, nbytes)
-            if self._reserved + size > self._budget():
-                self._join_owners(pool)  # above the budget: free neighbours become one block
+            # above the budget, free neighbours of different owners become one block (a join
+            # needs free blocks of two owners: with one, it would walk them for nothing)
+            if self._reserved + size > self._budget() and len(pool.streams()) > 1:
+                self._join_owners(pool)
             adopted = self._adopt(pool, size, stream)
             if adopted is not None:
                 return adopted
