@@ -72,8 +72,9 @@ class QueueStreamOps:
     ``queue`` has a blocking ``finish()`` (None once the stream was destroyed); ``last`` is
     the last command enqueued (None once finished); ``keep`` (a ``collections.deque``) holds
     what the queue's commands need alive, each entry appended after its command was
-    enqueued. A subclass supplies ``missing()`` (raise the error of an unknown stream) and
-    ``failed(call, exc)`` (raise the error for a driver exception, or return to re-raise it).
+    enqueued. A subclass supplies ``missing()`` (raise the error of an unknown stream),
+    ``failed(call, exc)`` (raise the error for a driver exception, or return to re-raise it),
+    and for its copies ``device_view`` and ``rescan``.
     """
 
     __slots__ = ("keep", "last", "queue")
@@ -87,6 +88,17 @@ class QueueStreamOps:
 
     def failed(self, call: str, exc: Exception) -> None:
         """Raise the error for driver exception ``exc`` in ``call``, or return to re-raise it."""
+
+    def device_view(self, address: int, nbytes: int) -> object:
+        """The backend's object for ``nbytes`` of device memory at ``address`` that the
+        copies' cache (``views``) lacks: a ``cl.SVM`` (OpenCL), a dpctl ``MemoryUSMDevice``
+        (SYCL)."""
+        raise NotImplementedError
+
+    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
+        """Forget the finished copies at the head of ``keep`` (and, where the backend counts
+        them, set when to look again)."""
+        raise NotImplementedError
 
     def wait_for(self, queue: Any) -> None:
         """Block until ``queue``'s work has completed: ``queue.finish()``."""
@@ -136,14 +148,6 @@ class SVMStreamOps(QueueStreamOps):
     scan_at: int
     scan_bytes: int
     unscanned: int
-
-    def device_view(self, address: int, nbytes: int) -> object:
-        """The ``cl.SVM`` of device memory that ``views`` lacks."""
-        raise NotImplementedError
-
-    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
-        """Forget the finished copies at the head of ``keep``; set when to look again."""
-        raise NotImplementedError
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
@@ -218,14 +222,6 @@ class USMStreamOps(QueueStreamOps):
     last_view: tuple[int, int, object]
     scan_at: int
     complete: object
-
-    def device_view(self, address: int, nbytes: int) -> object:
-        """The dpctl memory object of device memory that ``views`` lacks."""
-        raise NotImplementedError
-
-    def rescan(self, keep: deque[tuple[Any, Any]]) -> None:
-        """Forget the finished copies at the head of ``keep``."""
-        raise NotImplementedError
 
     def query(self) -> bool:
         """Whether the last command accelrt submitted (``last``) has completed: True when
