@@ -184,7 +184,7 @@ cdef class Block:
 
     def is_free(self):
         """True if the block is neither allocated nor waiting for events (it may be unmapped)."""
-        return not self.allocated and self.event_count == 0 and not self.stream_uses
+        return _is_free(self)
 
     def __repr__(self):
         state = "allocated" if self.allocated else "free" if self.mapped else "unmapped"
@@ -192,7 +192,7 @@ cdef class Block:
 
 
 cdef inline bint _is_free(Block block):
-    """``block.is_free()`` without a Python call."""
+    """``block.is_free()``, and the check itself for C callers (no Python call)."""
     return not block.allocated and block.event_count == 0 and not block.stream_uses
 
 
