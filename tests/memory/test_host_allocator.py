@@ -462,7 +462,8 @@ def test_bad_sizes(device: str, size: object, kind: type[Exception], message: st
 
 def test_bad_devices_as_for_empty(device: str) -> None:
     count = acc.device_count()
-    for bad, kind in ((count, ValueError), (-1, ValueError), ("cuda:0", ValueError)):
+    foreign = "sim:0" if device == "cuda" else "cuda:0"  # a device of another backend
+    for bad, kind in ((count, ValueError), (-1, ValueError), (foreign, ValueError)):
         text = _message(lambda bad=bad: acc.empty_host(8, device=bad), kind)
         assert text == _message(lambda bad=bad: acc.empty(8, device=bad), kind)
     assert _message(lambda: acc.empty_host(8, device=count), ValueError) == (
