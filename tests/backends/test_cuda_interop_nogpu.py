@@ -31,6 +31,7 @@ from accelrt.testing import forget_backend, install_backend, reset_runtime
 
 INVALID_VALUE = 1
 CAPTURE_INVALIDATED = 901
+STREAM_CAPTURE_UNSUPPORTED = 900
 
 
 class GraphDriver(FakeDriver):
@@ -44,9 +45,22 @@ class GraphDriver(FakeDriver):
     def __init__(self, devices: int = 1) -> None:
         super().__init__(devices=devices)
         self.capturing: dict[int, str] = {}  # stream -> mode
+        self.thread_mode = "CU_STREAM_CAPTURE_MODE_GLOBAL"  # one thread: the tests'
         self.graphs: set[int] = set()
         self.execs: dict[int, int] = {}  # exec -> graph
         self.launches: list[tuple[int, int]] = []
+
+    @_recorded
+    def cuThreadExchangeStreamCaptureMode(self, mode: str) -> tuple[int, str]:
+        previous, self.thread_mode = self.thread_mode, mode
+        return (SUCCESS, previous)
+
+    def cuMemAlloc(self, nbytes: int) -> tuple[int, ...]:
+        # as the driver: a capture not in relaxed mode refuses allocations on its thread
+        if self.capturing and self.thread_mode != "CU_STREAM_CAPTURE_MODE_RELAXED":
+            self.calls.append(("cuMemAlloc", (nbytes,)))
+            return (STREAM_CAPTURE_UNSUPPORTED,)
+        return super().cuMemAlloc(nbytes)  # type: ignore[no-any-return]
 
     @_recorded
     def cuStreamBeginCapture(self, stream: int, mode: str) -> tuple[int]:
@@ -399,7 +413,9 @@ def test_cupy_missing_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None
 MemoryInfo = namedtuple("MemoryInfo", ["free", "total"])
 
 
-def _fake_numba(nvidia_binding: bool) -> tuple[types.ModuleType, types.ModuleType]:
+def _fake_numba(
+    nvidia_binding: bool,
+) -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
     numba = types.ModuleType("numba")
     cuda = types.ModuleType("numba.cuda")
 
@@ -427,17 +443,23 @@ def _fake_numba(nvidia_binding: bool) -> tuple[types.ModuleType, types.ModuleTyp
     cuda.MemoryInfo = MemoryInfo  # type: ignore[attr-defined]
     cuda.set_memory_manager = set_memory_manager  # type: ignore[attr-defined]
     numba.cuda = cuda  # type: ignore[attr-defined]
-    numba.config = types.SimpleNamespace(CUDA_USE_NVIDIA_BINDING=nvidia_binding)  # type: ignore[attr-defined]
-    return numba, cuda
+    # numba-cuda's driver module has no USE_NV_BINDING (always cuda-bindings); Numba 0.60's
+    # ctypes binding has it False, whatever NUMBA_CUDA_USE_NVIDIA_BINDING says
+    driver = types.ModuleType("numba.cuda.cudadrv.driver")
+    if not nvidia_binding:
+        driver.USE_NV_BINDING = False  # type: ignore[attr-defined]
+    numba.config = types.SimpleNamespace(CUDA_USE_NVIDIA_BINDING=not nvidia_binding)  # type: ignore[attr-defined]
+    return numba, cuda, driver
 
 
 @pytest.fixture(params=[False, True], ids=["ctypes-binding", "nvidia-binding"])
 def fake_numba(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[bool]:
     from accelrt.interop import numba as acc_numba
 
-    numba, cuda = _fake_numba(request.param)
+    numba, cuda, driver = _fake_numba(request.param)
     monkeypatch.setitem(sys.modules, "numba", numba)
     monkeypatch.setitem(sys.modules, "numba.cuda", cuda)
+    monkeypatch.setitem(sys.modules, "numba.cuda.cudadrv.driver", driver)
     acc_numba._manager_class.cache_clear()
     yield request.param
     acc_numba._manager_class.cache_clear()
@@ -550,8 +572,14 @@ def test_graph_capture_and_replay(gpu: GraphDriver) -> None:
         }
         assert stream.is_capturing() and acc.Stream.from_handle(stream.handle).is_capturing()
         assert not acc.current_stream(0).is_capturing() or acc.current_stream(0) == stream
-        out = acc.empty(MiB)
+        out = acc.empty(MiB)  # a new segment: cuMemAlloc with the thread's mode relaxed
         acc.copy_(out, src)
+    names = [name for name in gpu.names() if not name.startswith("cuCtx")]
+    at = names.index("cuStreamBeginCapture")
+    assert names[at + 1 : at + 4] == [
+        "cuThreadExchangeStreamCaptureMode", "cuMemAlloc", "cuThreadExchangeStreamCaptureMode"
+    ]  # fmt: skip
+    assert gpu.thread_mode == "CU_STREAM_CAPTURE_MODE_GLOBAL"  # given back
     assert not graph.is_capturing and not gpu.capturing and not stream.is_capturing()
     assert graph.mem_pool.use_count() == 2  # the pool object and the graph's capture
     assert stream.native_handle == stream.handle == stream.stream_id  # the CUstream itself
@@ -687,6 +715,7 @@ def test_an_invalidated_capture_leaves_nothing(gpu: GraphDriver) -> None:
         graph.capture_begin()
         with pytest.raises(CUDAError, match="cuStreamEndCapture failed on cuda:0: CUresult 901"):
             graph.capture_end()
+        gpu.capturing.clear()  # the driver ends an invalidated capture; the fake did not
     assert not graph.is_capturing and repr(graph).startswith("Graph(empty")
     outside = acc.empty(4096)
     assert graph.mem_pool.memory_allocated() == 0

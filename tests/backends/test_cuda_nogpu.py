@@ -509,6 +509,94 @@ def test_visible_devices_apply_on_top_of_the_driver(monkeypatch: pytest.MonkeyPa
     assert "hides all 3" in (hidden.unavailable_reason() or "")
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, 4),
+        ("", 0),
+        ("2,0", 2),
+        (" 1 , 3", 2),
+        ("1abc,2", 2),  # a leading integer counts, as the driver reads it
+        ("0,7,1", 1),  # the count stops at the first GPU beyond the four
+        ("0,-1,1", 1),  # and at the first entry that is not a non-negative integer
+        ("1,x,2", 1),
+        ("0,2,0", 0),  # a repeat hides every device
+        ("GPU-8e1b,0", None),  # UUIDs: only the driver can resolve them
+        ("MIG-0f3a", None),
+    ],
+)
+def test_nvml_count_reads_cuda_visible_devices(value: str | None, expected: int | None) -> None:
+    from accelrt.backends.cuda._nvml import _visible_count
+
+    assert _visible_count(value, 4) == expected
+
+
+class FakeNVML:
+    """``libnvidia-ml``'s three calls the count uses, answering ``count`` GPUs."""
+
+    def __init__(self, count: int, init: int = 0) -> None:
+        self.count, self.init, self.shutdowns = count, init, 0
+
+    def nvmlInit_v2(self) -> int:
+        return self.init
+
+    def nvmlDeviceGetCount_v2(self, out: Any) -> int:
+        out._obj.value = self.count
+        return 0
+
+    def nvmlShutdown(self) -> int:
+        self.shutdowns += 1
+        return 0
+
+
+def test_nvml_device_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelrt.backends.cuda import _nvml
+
+    monkeypatch.setattr(_nvml.ctypes, "CDLL", lambda name: FakeNVML(3))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _nvml.nvml_device_count() == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,1")
+    assert _nvml.nvml_device_count() == 2
+    failing = FakeNVML(3, init=9)  # NVML_ERROR_DRIVER_NOT_LOADED
+    monkeypatch.setattr(_nvml.ctypes, "CDLL", lambda name: failing)
+    assert _nvml.nvml_device_count() is None
+
+    def missing(name: str) -> Any:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(_nvml.ctypes, "CDLL", missing)
+    assert _nvml.nvml_device_count() is None
+
+
+def test_counting_through_nvml_leaves_cuda_uninitialised(fake: FakeDriver) -> None:
+    # cuInit in a parent makes every driver call of a forked child fail; counting must not
+    backend = CUDABackend(driver=fake, nvml=lambda: 1)
+    assert backend.device_count() == 1 and backend.is_available()
+    assert backend.unavailable_reason() is None
+    assert fake.names() == []
+    assert backend.get_device_properties(0).name == "Fake GPU 0"  # first use: cuInit first
+    assert fake.names()[:2] == ["cuInit", "cuDeviceGet"]
+    assert fake.names().count("cuInit") == 1
+
+
+def test_a_failing_cuinit_after_an_nvml_count_is_a_clear_error() -> None:
+    fake = FakeDriver(init=INSUFFICIENT_DRIVER)
+    backend = CUDABackend(driver=fake, nvml=lambda: 1)
+    assert backend.device_count() == 1
+    with pytest.raises(CUDAError, match=r"^CUDA cuInit failed on cuda:0: CUDA_ERROR_INSUFF"):
+        backend.get_device_properties(0)
+    assert fake.names() == ["cuInit"]
+
+
+@pytest.mark.parametrize("answer", [None, 0])
+def test_without_an_nvml_count_the_driver_counts(fake: FakeDriver, answer: int | None) -> None:
+    backend = CUDABackend(driver=fake, nvml=lambda: answer)
+    assert backend.device_count() == 1
+    assert fake.names() == ["cuInit", "cuDeviceGetCount"]
+    backend.get_device_properties(0)
+    assert fake.names().count("cuInit") == 1
+
+
 def test_discovery_and_properties_create_no_context(fake: FakeDriver, backend: CUDABackend) -> None:
     assert backend.is_available() and backend.device_count() == 1
     props = backend.get_device_properties(0)
@@ -622,6 +710,26 @@ def test_another_current_context_is_restored(fake: FakeDriver, backend: CUDABack
     backend.malloc(0, MiB)
     sets = [args[0] for name, args in fake.calls if name == "cuCtxSetCurrent"]
     assert sets == [0xC000, 0xBEEF]
+    assert fake.local.current == 0xBEEF
+
+
+def test_stream_and_event_calls_on_created_streams_leave_the_context_alone(
+    fake: FakeDriver, backend: CUDABackend
+) -> None:
+    stream = backend.stream_create(0, 0)
+    event = backend.event_create(0, timing=False)
+    fake.local.current = 0xBEEF  # another context, or none: the handles carry their own
+    del fake.calls[:]
+    backend.event_record(event, 0, stream)
+    backend.stream_query(0, stream)
+    backend.stream_wait_event(0, stream, event)
+    backend.event_query(event)
+    backend.event_synchronize(event)
+    backend.stream_synchronize(0, stream)
+    assert not any(name.startswith("cuCtx") for name in fake.names()), fake.names()
+    backend.stream_query(0, 0)  # the legacy default stream is the current context's
+    assert fake.names()[-4:] == ["cuCtxGetCurrent", "cuCtxSetCurrent", "cuStreamQuery",
+                                 "cuCtxSetCurrent"]  # fmt: skip
     assert fake.local.current == 0xBEEF
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -37,10 +38,15 @@ def _numba_cuda() -> ModuleType:
 
 
 def _device_pointer(ptr: int) -> CUdeviceptr | ctypes.c_uint64:
-    """The pointer type Numba's ``MemoryPointer`` takes with the binding Numba uses."""
-    from numba import config
+    """The pointer type Numba's ``MemoryPointer`` takes with the binding Numba's driver uses.
 
-    if getattr(config, "CUDA_USE_NVIDIA_BINDING", True):
+    numba-cuda always drives CUDA through ``cuda-bindings`` (its driver module has no
+    ``USE_NV_BINDING``, and its ``NUMBA_CUDA_USE_NVIDIA_BINDING`` setting no longer chooses):
+    a ``CUdeviceptr``. The ``numba.cuda`` of Numba 0.60 and older uses ``cuda-bindings`` only
+    when its driver's ``USE_NV_BINDING`` is true, and ctypes (a ``c_uint64``) otherwise.
+    """
+    driver = importlib.import_module("numba.cuda.cudadrv.driver")
+    if getattr(driver, "USE_NV_BINDING", True):
         from cuda.bindings.driver import CUdeviceptr
 
         return CUdeviceptr(ptr)

@@ -31,8 +31,11 @@ accelrt does not change the device that PyTorch or CuPy see as current.
 
 Importing this module and counting devices never fail: without ``cuda-bindings``, without an
 NVIDIA driver or without a GPU there are zero devices and :meth:`CUDABackend.unavailable_reason`
-says why (``accelrt info`` shows it). Discovery calls only ``cuInit``, ``cuDeviceGetCount``
-and device attribute queries, which create no context.
+says why (``accelrt info`` shows it). Counting devices reads NVML (``libnvidia-ml``) where
+it can, so it does not initialise CUDA and a process that only counted can still ``fork``
+workers that use the GPU (``torch.cuda.device_count`` does the same); without NVML, and for
+properties, discovery calls ``cuInit``, ``cuDeviceGetCount`` and device attribute queries,
+which create no context.
 
 Driver errors raise :class:`CUDAError` (an ``AcceleratorError``) carrying the driver's error
 name (``CUDA_ERROR_ILLEGAL_ADDRESS``) and code. ``CUDA_VISIBLE_DEVICES`` is applied by the
@@ -66,9 +69,9 @@ from ._driver import CUDAError as CUDAError
 from ._graphs import _Graphs
 from ._host import _HostMemory
 from ._memory import _DeviceMemory
+from ._streams import MAX_DEFAULT_STREAM, _StreamsEvents
 from ._streams import MAX_IDLE_EVENTS as MAX_IDLE_EVENTS
 from ._streams import CUDAEvent as CUDAEvent
-from ._streams import _StreamsEvents
 
 __all__ = ["CUDABackend", "CUDAError", "CUDAEvent"]
 
@@ -81,6 +84,10 @@ class CUDABackend(_DeviceMemory, _HostMemory, _StreamsEvents, _Graphs):
     driver : module or object, optional
         The driver layer: ``cuda.bindings.driver`` (the default, imported on first use) or an
         object with the same functions and types, e.g. a fake for tests.
+    nvml : callable () -> int or None, optional
+        Counts the GPUs without initialising CUDA (None: it cannot tell, and ``cuInit`` and
+        ``cuDeviceGetCount`` count them). Default: NVML through ctypes when ``driver`` is not
+        given, nothing when it is.
 
     Notes
     -----
@@ -114,6 +121,31 @@ def _in_context(
     return call
 
 
+def _in_context_for_default_streams(
+    method: Callable[Concatenate[CUDABackend, int, int, _P], _R],
+) -> Callable[Concatenate[CUDABackend, int, int, _P], _R]:
+    """Run ``method(self, index, stream, ...)`` with device ``index``'s primary context current
+    when ``stream`` is 0, 1 or 2 (the legacy and per-thread default streams: the current
+    context's); a created stream's handle carries its context, and the driver takes it on any
+    thread (seen on an H200: stream and event calls succeed with no context current), which
+    saves the ``cuCtxGetCurrent`` check, about 1 us a call."""
+
+    @functools.wraps(method)
+    def call(
+        self: CUDABackend, index: int, stream: int, /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> _R:
+        if stream > MAX_DEFAULT_STREAM:
+            return method(self, index, stream, *args, **kwargs)
+        _, previous = self._enter(index)
+        try:
+            return method(self, index, stream, *args, **kwargs)
+        finally:
+            if previous is not None:
+                self._leave(index, previous)
+
+    return call
+
+
 def _in_event_context(
     method: Callable[Concatenate[CUDABackend, CUDAEvent, _P], _R],
 ) -> Callable[Concatenate[CUDABackend, CUDAEvent, _P], _R]:
@@ -131,14 +163,17 @@ def _in_event_context(
     return call
 
 
-for _name in ("event_destroy", "event_query", "event_synchronize", "event_elapsed_ms"):
+# event_query, event_synchronize and event_elapsed_ms take the event's own context
+for _name in ("event_destroy",):
     setattr(CUDABackend, _name, _in_event_context(getattr(CUDABackend, _name)))
+for _name in ("stream_query", "stream_synchronize", "stream_wait_event"):
+    setattr(CUDABackend, _name, _in_context_for_default_streams(getattr(CUDABackend, _name)))
 for _name in (
     "malloc", "free", "mem_get_info", "host_alloc", "host_free", "vm_reserve", "vm_release",
     "vm_map", "vm_unmap", "stream_create", "stream_priority_range", "stream_destroy",
-    "stream_query", "stream_synchronize", "stream_wait_event", "event_create", "memcpy_async",
-    "memset_async", "graph_capture_begin", "graph_capture_end", "graph_instantiate",
-    "graph_launch", "graph_destroy", "graph_exec_destroy", "graph_debug_dump",
+    "event_create", "memcpy_async", "memset_async", "graph_capture_begin", "graph_capture_end",
+    "graph_instantiate", "graph_launch", "graph_destroy", "graph_exec_destroy",
+    "graph_debug_dump",
 ):  # fmt: skip
     setattr(CUDABackend, _name, _in_context(getattr(CUDABackend, _name)))
 del _name

@@ -21,6 +21,7 @@ from ._driver import (
     DriverLayer,
     _DriverCalls,
 )
+from ._nvml import NVMLCount, nvml_device_count
 
 if TYPE_CHECKING:
     from cuda.bindings.driver import (
@@ -84,8 +85,12 @@ class _Devices(_DriverCalls):
 
     name: str
 
-    def __init__(self, driver: DriverLayer | None = None) -> None:
+    def __init__(self, driver: DriverLayer | None = None, nvml: NVMLCount | None = None) -> None:
         self._driver = driver
+        # a given driver is the whole driver (a fake): no NVML beside it unless given too
+        self._nvml = nvml if nvml is not None or driver is not None else nvml_device_count
+        self._initialised = False  # cuInit has succeeded in this process
+        self._captures = 0  # stream captures begun and not yet ended (graph_capture_*)
         self._lock = threading.RLock()
         self._physical: list[int] | None = None  # visible index -> CUDA device ordinal
         self._reason: str | None = None
@@ -96,13 +101,17 @@ class _Devices(_DriverCalls):
         self._host: set[int] = set()  # live host_alloc addresses
 
     def _probe(self) -> tuple[int, str | None]:
-        """The number of CUDA devices the driver reports and, when 0, why."""
+        """The number of CUDA devices and, when 0, why: NVML's count when it has one (no
+        ``cuInit``: a later ``fork`` keeps a usable driver, as with ``torch.cuda``), else the
+        driver's (``cuInit``, ``cuDeviceGetCount``)."""
         try:
             drv = self.driver
         except ImportError as exc:
             return 0, f"cuda-bindings is not installed ({INSTALL_HINT}): {error_line(exc)}"
         except Exception as exc:  # a broken installation: counting devices never raises
             return 0, f"cuda-bindings could not be imported: {error_line(exc)}"
+        if self._nvml is not None and (count := self._nvml()):
+            return count, None
         try:
             code = int(drv.cuInit(0)[0])
         except Exception as exc:  # cuda-pathfinder raises when libcuda.so cannot be found
@@ -117,6 +126,7 @@ class _Devices(_DriverCalls):
             )
         if code != CUDA_SUCCESS:
             return 0, f"cuInit failed: {self._error_name(code)[0]}"
+        self._initialised = True
         try:
             count = int(self._call("cuDeviceGetCount", None))
         except Exception as exc:
@@ -176,8 +186,17 @@ class _Devices(_DriverCalls):
         return self._devices()[index]
 
     def _device(self, index: int) -> CUdevice:
+        """Device ``index``'s ``CUdevice``; the first call initialises the driver (``cuInit``)
+        when NVML counted the devices.
+
+        Raises ``CUDAError`` if ``cuInit`` or ``cuDeviceGet`` fails.
+        """
         handle = self._handles.get(index)
         if handle is None:
+            if not self._initialised:
+                with self._lock:
+                    self._call("cuInit", index, 0)
+                    self._initialised = True
             handle = self._handles[index] = self._call("cuDeviceGet", index, self._devices()[index])
         return handle
 

@@ -33,6 +33,8 @@ class _Graphs(_Devices):
         state = self._dev(index)
         value = getattr(self.driver.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{mode.upper()}")
         self._call("cuStreamBeginCapture", index, self._stream(state, stream), value)
+        with self._lock:
+            self._captures += 1
 
     def graph_capture_end(self, index: int, stream: int) -> CUgraph:
         """``cuStreamEndCapture``: the captured ``CUgraph``.
@@ -41,7 +43,11 @@ class _Graphs(_Devices):
         broke the capture, for example).
         """
         state = self._dev(index)
-        return self._call("cuStreamEndCapture", index, self._stream(state, stream))
+        try:
+            return self._call("cuStreamEndCapture", index, self._stream(state, stream))
+        finally:  # an invalidated capture has ended too
+            with self._lock:
+                self._captures -= 1
 
     def graph_instantiate(self, index: int, graph: CUgraph) -> CUgraphExec:
         """``cuGraphInstantiate(graph, 0)``: the ``CUgraphExec``. Raises ``CUDAError``."""

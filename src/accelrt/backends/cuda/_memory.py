@@ -25,9 +25,24 @@ class _DeviceMemory(_Devices):
             On any other driver error.
         """
         state = self._dev(index)
-        ptr = int(self._call_allocating("cuMemAlloc", index, nbytes, nbytes))
+        if self._captures:
+            ptr = self._malloc_while_capturing(index, nbytes)
+        else:
+            ptr = int(self._call_allocating("cuMemAlloc", index, nbytes, nbytes))
         state.allocations.add(ptr)
         return ptr
+
+    def _malloc_while_capturing(self, index: int, nbytes: int) -> int:
+        """``cuMemAlloc`` with this thread's capture mode relaxed around it: a capture in global
+        or thread-local mode refuses ``cuMemAlloc`` (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``),
+        yet a graph's pool grows during capture; the graph records nothing for it and replays
+        allocate nothing (PyTorch's ``cudaMallocMaybeCapturing``)."""
+        relaxed = self.driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        previous = self._call("cuThreadExchangeStreamCaptureMode", index, relaxed)
+        try:
+            return int(self._call_allocating("cuMemAlloc", index, nbytes, nbytes))
+        finally:
+            self._call("cuThreadExchangeStreamCaptureMode", index, previous)
 
     def free(self, index: int, ptr: int) -> None:
         """``cuMemFree`` (which waits for the device's queued work, as the Protocol asks).
@@ -66,6 +81,7 @@ class _DeviceMemory(_Devices):
         """
         granularity = self._granularity.get(index)
         if granularity is None:
+            self._device(index)  # cuInit first, where NVML counted the devices
             option = self.driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
             granularity = int(
                 self._call(

@@ -11,6 +11,11 @@ from ._driver import CUDA_ERROR_NOT_READY, CUDA_SUCCESS
 if TYPE_CHECKING:
     from cuda.bindings.driver import CUevent, CUstream
 
+MAX_DEFAULT_STREAM = 2
+"""Stream handles up to this one (0 legacy default, 1 ``CU_STREAM_LEGACY``, 2
+``CU_STREAM_PER_THREAD``) name the current context's default streams; larger ones are
+``CUstream`` pointers that carry their own context."""
+
 MAX_IDLE_EVENTS = 64
 """Events kept for reuse per device by the host-copy keep-alive (the rest are destroyed)."""
 
@@ -116,7 +121,12 @@ class _StreamsEvents(_Devices):
         return CUDAEvent(index, self._call("cuEventCreate", index, int(flag)), timing)
 
     def event_record(self, event: CUDAEvent, index: int, stream: int) -> None:
-        """``cuEventRecord`` on ``stream``."""
+        """``cuEventRecord`` on ``stream`` (with the device's context current only for the
+        default streams: a created stream and the event carry their own)."""
+        if stream > MAX_DEFAULT_STREAM:
+            state = self._dev(index)
+            self._call("cuEventRecord", index, event.handle, self._stream(state, stream))
+            return
         state, previous = self._enter(index)
         try:
             self._call("cuEventRecord", index, event.handle, self._stream(state, stream))
