@@ -224,6 +224,16 @@ def torch_snapshots(out: Path) -> dict[str, Any]:
     return {"torch": recorded, "replays": rows}
 
 
+def repeat(call: Callable[..., object], *args: object) -> Callable[[int], None]:
+    """A timed body: ``call(*args)``, ``n`` times."""
+
+    def body(n: int) -> None:
+        for _ in range(n):
+            call(*args)
+
+    return body
+
+
 def best_ns(fn: Callable[[int], None], n: int) -> float:
     """Nanoseconds per iteration of one timed batch of ``n``."""
     start = time.perf_counter_ns()
@@ -303,38 +313,22 @@ def latency() -> dict[str, Any]:
         "Event.record+query", {"accelrt": ours_record, "raw": raw_record}, 20_000
     )
 
-    def ours_query(n: int) -> None:
-        for _ in range(n):
-            stream.query()
-
-    def raw_query(n: int) -> None:
-        for _ in range(n):
-            driver.cuStreamQuery(raw_stream)
-
-    out["stream_query"] = compare("Stream.query", {"accelrt": ours_query, "raw": raw_query}, 20_000)
-
-    def ours_sync(n: int) -> None:
-        for _ in range(n):
-            stream.synchronize()
-
-    def raw_sync(n: int) -> None:
-        for _ in range(n):
-            driver.cuStreamSynchronize(raw_stream)
-
-    out["idle_sync"] = compare(
-        "idle Stream.synchronize", {"accelrt": ours_sync, "raw": raw_sync}, 20_000
-    )
-
-    def ctx(n: int) -> None:
-        for _ in range(n):
-            driver.cuCtxGetCurrent()
-
-    def nothing(n: int) -> None:
-        for _ in range(n):
-            pass
-
+    created = acc.Stream()  # a created stream: calls on it check no current context
+    raw_created = driver.CUstream(created.native_handle)
+    for name, ours, raw in (
+        ("Stream.query", repeat(stream.query), repeat(driver.cuStreamQuery, raw_stream)),
+        ("Stream.query, created stream", repeat(created.query),
+         repeat(driver.cuStreamQuery, raw_created)),
+        ("idle Stream.synchronize", repeat(stream.synchronize),
+         repeat(driver.cuStreamSynchronize, raw_stream)),
+        ("idle Stream.synchronize, created stream", repeat(created.synchronize),
+         repeat(driver.cuStreamSynchronize, raw_created)),
+    ):  # fmt: skip
+        out[name] = compare(name, {"accelrt": ours, "raw": raw}, 20_000)
     out["cuCtxGetCurrent"] = compare(
-        "cuCtxGetCurrent (per backend call)", {"call": ctx, "loop": nothing}, 50_000
+        "cuCtxGetCurrent (per backend call)",
+        {"call": repeat(driver.cuCtxGetCurrent), "loop": repeat(int)},
+        50_000,
     )
     for size, n in ((4096, 5000), (MiB, 500), (64 * MiB, 20)):
         host = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)

@@ -62,6 +62,13 @@ class GraphDriver(FakeDriver):
             return (STREAM_CAPTURE_UNSUPPORTED,)
         return super().cuMemAlloc(nbytes)  # type: ignore[no-any-return]
 
+    def cuEventQuery(self, event: int) -> tuple[int]:
+        # as the driver: querying an event during a global capture is illegal
+        if self.capturing and self.thread_mode == "CU_STREAM_CAPTURE_MODE_GLOBAL":
+            self.calls.append(("cuEventQuery", (event,)))
+            return (STREAM_CAPTURE_UNSUPPORTED,)
+        return super().cuEventQuery(event)  # type: ignore[no-any-return]
+
     @_recorded
     def cuStreamBeginCapture(self, stream: int, mode: str) -> tuple[int]:
         self.capturing[stream] = mode
@@ -605,6 +612,31 @@ def test_graph_capture_and_replay(gpu: GraphDriver) -> None:
     gc.collect()
     assert not gpu.execs and not gpu.graphs
     del out
+
+
+def test_no_event_is_recorded_or_queried_during_a_capture(gpu: GraphDriver) -> None:
+    side = acc.Stream()
+    early = acc.empty(4096)
+    acc.record_stream(early, side)
+    early.free()  # its event has not completed: the allocator will query it
+    (pending,) = [args[0] for name, args in gpu.calls if name == "cuEventRecord"]
+    gpu.pending.add(pending)
+    graph, stream = acc.Graph(), acc.Stream()
+    with stream, graph:
+        start = len(gpu.calls)
+        out = acc.empty(MiB)  # a malloc that would have queried the pending event
+        held = acc.empty(8192)
+        acc.record_stream(held, side)
+        held.free()  # set aside: an event recorded now would join the graph
+        during = [name for name, _ in gpu.calls[start:]]
+    assert "cuEventQuery" not in during and "cuEventRecord" not in during, during
+    gpu.pending.clear()
+    start = len(gpu.calls)
+    after = acc.empty(16)  # no capture underway: the set-aside block's event, then queries
+    names = [name for name, _ in gpu.calls[start:] if not name.startswith("cuCtx")]
+    assert names[:3] == ["cuEventCreate", "cuEventRecord", "cuEventQuery"], names
+    assert acc.memory_stats()["active_bytes.all.current"] == MiB + 512  # out and after
+    del out, after
 
 
 def test_debug_mode_keeps_the_graph_for_debug_dump(gpu: GraphDriver, tmp_path: Path) -> None:

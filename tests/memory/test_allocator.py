@@ -7,8 +7,16 @@ import pickle
 import pytest
 
 import accelrt as acc
+from accelrt.backends import get_backend
 from accelrt.backends.sim import SimBackend
-from accelrt.memory import AllocatorConfig, CachingAllocator, round_size, segment_size
+from accelrt.memory import (
+    AllocatorConfig,
+    CachingAllocator,
+    MemPool,
+    round_size,
+    segment_size,
+    use_mem_pool,
+)
 
 MiB = 1 << 20
 
@@ -159,6 +167,39 @@ def test_record_stream_defers_reuse_until_event(sim: str) -> None:
     again = acc.empty(1000, stream=s1)
     assert again.ptr == ptr
     assert acc.memory_stats()["active_bytes.all.current"] == 1024
+
+
+def test_a_free_during_a_pool_routing_records_its_events_once_none_is_underway(
+    sim: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A use_mem_pool context is a capture in PyTorch's terms: no event is recorded or queried
+    # until an operation finds no routing (docs/allocator.md section 14).
+    backend = get_backend("sim")
+    recorded: list[int] = []
+    record = backend.event_record
+    monkeypatch.setattr(
+        backend, "event_record", lambda e, i, s: (recorded.append(s), record(e, i, s))
+    )
+    s1, s2 = acc.Stream(), acc.Stream()
+    buf = acc.empty(1000, stream=s1)
+    acc.record_stream(buf, s2)
+    ptr = buf.ptr
+    pool = MemPool()
+    with use_mem_pool(pool):
+        buf.free()  # set aside: still active, no event
+        inside = acc.empty(1000, stream=s1)  # the pool's own segment
+        assert inside.ptr != ptr and recorded == []
+        stats = acc.memory_stats()
+        assert (stats["allocated_bytes.all.current"], stats["active_bytes.all.current"]) == (
+            1024,
+            2048,
+        )
+        inside.free()
+    assert recorded == [] and acc.memory_stats()["active_bytes.all.current"] == 1024
+    again = acc.empty(1000, stream=s1)  # no routing: the event, complete at once on sim
+    assert recorded == [s2.handle] and again.ptr == ptr
+    assert acc.memory_stats()["active_bytes.all.current"] == 1024
+    again.free()
 
 
 def test_large_remainder_rule(sim: str) -> None:

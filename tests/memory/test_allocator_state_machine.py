@@ -88,8 +88,9 @@ def note(what: str) -> None:
 
 
 def is_free(block: Block) -> bool:
-    """Neither allocated nor waiting for events: a block the allocator may merge."""
-    return not block.allocated and block.event_count == 0
+    """Neither allocated nor waiting for events (nor set aside until a pool routing ends: it
+    keeps its stream uses): a block the allocator may merge."""
+    return not block.allocated and block.event_count == 0 and not block.stream_uses
 
 
 def page_of(is_small: bool) -> int:
@@ -128,6 +129,8 @@ class World:
         self.alloc.record_history("all", None, HISTORY_ENTRIES)
         self.live: list[Live] = []
         self.pending: list[Live] = []  # freed after record_stream: waiting for events
+        # freed after record_stream while a pool routing (a capture) was underway: no event yet
+        self.deferred: list[Live] = []
         self.stale: list[Block] = []  # blocks given back, for double-free attempts
         self.route: list[PoolId] = []  # this thread's begin_allocate_to_pool stack
         self.created: set[PoolId] = set()
@@ -189,12 +192,23 @@ class World:
             note("malloc: out of memory" + (" (expandable)" if self.expandable else ""))
             if self.pending:
                 note("malloc: OOM with frees pending")
-            self.pending.clear()  # the ladder waited for every event
+            synced = alloc.memory_stats()["num_sync_all_streams"] > before["num_sync_all_streams"]
+            if synced or not self.route:  # processed first, or the ladder waited for each
+                self.pending.clear()
+            if not self.route:  # the set-aside ones' events recorded first
+                self.deferred.clear()
             self.check_out_of_memory(error, nbytes, rounded, before)
             return None
-        if self.pending:
-            note("malloc: completed pending frees")
-        self.pending.clear()  # events are complete at once on sim: processed at malloc
+        if self.route:  # no event is queried while a pool routing (a capture) is underway
+            if alloc.memory_stats()["num_sync_all_streams"] > before["num_sync_all_streams"]:
+                self.pending.clear()  # but the ladder's last step waited for every event
+            elif self.pending:
+                note("malloc: pending frees wait for the routing to end")
+        else:
+            if self.pending or self.deferred:
+                note("malloc: completed pending frees")
+            self.pending.clear()  # events are complete at once on sim: processed at malloc
+            self.deferred.clear()  # recorded first, then processed
         after = alloc.memory_stats()
         assert isinstance(block, Block)
         assert block.allocated and block.event_count == 0 and not block.stream_uses
@@ -272,7 +286,13 @@ class World:
         block = record.block
         assert set(block.stream_uses or ()) == record.uses
         self.alloc.free(block)
-        assert not block.allocated and not block.stream_uses
+        assert not block.allocated
+        if record.uses and self.route:  # set aside until no routing is underway
+            note("free: set aside while a pool routing is underway")
+            assert block.event_count == 0 and set(block.stream_uses or ()) == record.uses
+            self.deferred.append(record)
+            return
+        assert not block.stream_uses
         if record.uses:
             assert block.event_count == len(record.uses), "one event per stream used"
             self.pending.append(record)
@@ -291,12 +311,14 @@ class World:
         syncs = self.alloc.memory_stats()["num_sync_all_streams"]
         self.alloc.empty_cache()
         self.pending.clear()
+        if not self.route:
+            self.deferred.clear()
         assert self.alloc.memory_stats()["num_sync_all_streams"] == syncs + 1
         self.check_cache_released(unmapped_too=True)
 
     def release_pool(self, pool_id: PoolId) -> None:
         assert pool_id not in self.route
-        if any(r.pool_id == pool_id for r in self.live + self.pending):
+        if any(r.pool_id == pool_id for r in self.live + self.pending + self.deferred):
             note("release_pool: while blocks are active")
         self.alloc.release_pool(pool_id)
         self.released.add(pool_id)
@@ -352,9 +374,9 @@ class World:
         """2. Mapped pages cover exactly the blocks that need them; free neighbours merged."""
         for segment, blocks in self.alloc.segments():
             for block in blocks:
-                if not block.allocated:
-                    assert not block.stream_uses, f"a free block keeps stream uses: {block!r}"
-                if block.allocated or block.event_count:
+                if not block.allocated and block.stream_uses:  # only a set-aside block
+                    assert any(r.block is block for r in self.deferred), f"stray uses: {block!r}"
+                if not is_free(block):
                     assert block.mapped, f"an active block is unmapped: {block!r}"
             for left, right in itertools.pairwise(blocks):
                 assert left.mapped or right.mapped, f"adjacent unmapped: {left!r}, {right!r}"
@@ -417,14 +439,18 @@ class World:
         """The allocated and pending blocks are exactly the model's, in the model's pools."""
         allocated: dict[int, Block] = {}
         pending: dict[int, Block] = {}
+        deferred: dict[int, Block] = {}
         for _, blocks in self.alloc.segments():
             for block in blocks:
                 if block.allocated:
                     allocated[id(block)] = block
                 elif block.event_count:
                     pending[id(block)] = block
+                elif block.stream_uses:
+                    deferred[id(block)] = block
         assert set(allocated) == {id(r.block) for r in self.live}, "live blocks differ"
         assert set(pending) == {id(r.block) for r in self.pending}, "pending blocks differ"
+        assert set(deferred) == {id(r.block) for r in self.deferred}, "set-aside blocks differ"
         for record in self.live:
             block = record.block
             assert block.requested_size == record.nbytes
@@ -463,7 +489,7 @@ class World:
             small = record.block.pool.is_small
             add("allocation", small, 1)
             add("allocated_bytes", small, record.block.size)
-        for record in self.live + self.pending:
+        for record in self.live + self.pending + self.deferred:
             small = record.block.pool.is_small
             add("active", small, 1)
             add("active_bytes", small, record.block.size)
@@ -561,7 +587,7 @@ class World:
             own = [(s, blocks) for s, blocks in segments if s.pool.pool_id == pool_id]
             self.check_nothing_cached(own, unmapped_too=True)
             assert (pool_id in pool_ids) == bool(own), f"pool {pool_id} not forgotten"
-            if not any(r.pool_id == pool_id for r in self.live + self.pending):
+            if not any(r.pool_id == pool_id for r in self.live + self.pending + self.deferred):
                 assert not own, f"released pool {pool_id} keeps {own}"
                 note("released pool: gone")
 

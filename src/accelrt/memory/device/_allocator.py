@@ -149,6 +149,9 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         self._events = {}
         self._idle_events = {}
         self._finalized = []
+        # blocks freed while a private-pool routing (a capture) was underway, whose events
+        # on other streams wait until none is (PyTorch's needs_events_deferred_until_no_capture)
+        self._capture_deferred: list[Block] = []
         self._reserved = 0
         self._allowed_max: int | None = None
         self._fraction_from_config: float | None = None
@@ -894,8 +897,41 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         block.stream_uses = None
         return [(self.device_index, stream) for stream in streams]
 
+    def _catch_up(self) -> None:
+        """``StreamEvents._catch_up``, run also when only capture-deferred frees wait."""
+        if self._finalized:
+            self._free_finalized()
+        if self._events or self._capture_deferred:
+            self._process_events()
+
+    def _insert_events(self, block: Block) -> None:
+        """``StreamEvents._insert_events``, deferred while any thread routes allocations to a
+        private pool (a graph capture or a ``use_mem_pool`` context): an event recorded on a
+        capturing stream joins the graph, and querying it is illegal during capture. The
+        block then waits, unusable, until an operation finds no routing (docs/allocator.md
+        section 14; PyTorch's ``needs_events_deferred_until_no_capture``)."""
+        if self._routes:
+            self._capture_deferred.append(block)
+        else:
+            super()._insert_events(block)
+
+    def _process_events(self) -> None:
+        """``StreamEvents._process_events``, skipped while a private-pool routing is underway
+        (PyTorch queries no event then); first the events of capture-deferred frees."""
+        if self._routes:
+            return
+        self._insert_capture_deferred()
+        super()._process_events()
+
+    def _insert_capture_deferred(self) -> None:
+        deferred, self._capture_deferred = self._capture_deferred, []
+        for block in deferred:
+            super()._insert_events(block)
+
     def _synchronize_and_free_events(self) -> None:
         self.stats.num_sync_all_streams += 1
+        if not self._routes:
+            self._insert_capture_deferred()
         for queue in self._events.values():
             for event, block, device_index in queue:
                 self.backend.event_synchronize(event)
@@ -1325,7 +1361,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
                 state, asked = "active_allocated", b.requested_size
                 allocated += size
                 active += size
-            elif b.event_count:
+            elif b.event_count or b.stream_uses:  # waiting for events, or for a routing's end
                 state, asked = "active_pending_free", b.requested_size
                 active += size
             else:

@@ -674,7 +674,7 @@ cdef class HotPath:
     cdef public BlockPool _small, _large
     cdef public ActiveBlocks _active
     cdef public dict _routes, _events
-    cdef public list _finalized
+    cdef public list _finalized, _capture_deferred
     cdef public object _allowed_max, _observer
     cdef public bint _expandable
     cdef public int64_t _clock  # stamps free blocks as they enter a free list (section 16)
@@ -778,7 +778,7 @@ cdef class HotPath:
             if self._finalized:
                 ran_python = True
                 self._free_finalized()
-            if self._events:
+            if self._events or self._capture_deferred:
                 ran_python = True
                 self._process_events()
             size = self.round_size(n)
