@@ -276,6 +276,7 @@ def test_a_lone_surrogate_or_mathtext_in_a_name_is_drawn_as_text(
 def test_sweep_escapes_trace_names_and_errors(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    pytest.importorskip("dask.distributed", reason="the sweep needs Dask (the test extra has it)")
     good = _evil_trace(tmp_path / "evil.jsonl.gz", f"x{EVIL}")
     bad = tmp_path / f"bad{EVIL}.jsonl.gz"
     bad.write_bytes(b"not gzip, not json")
@@ -289,6 +290,7 @@ def test_sweep_escapes_trace_names_and_errors(
 def test_a_sweep_row_that_hits_a_bug_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    pytest.importorskip("dask.distributed", reason="the sweep needs Dask (the test extra has it)")
     monkeypatch.setattr(_worker, "replay", _boom)
     (row,) = acc.sweep(str(EXAMPLE), "defaults", scheduler="synchronous")
     assert row.error == (

@@ -253,6 +253,7 @@ def test_the_page_says_the_recording_started_mid_run(tmp_path: Path) -> None:
 
 
 def test_sweep_takes_the_start_too(tmp_path: Path) -> None:
+    pytest.importorskip("dask.distributed", reason="the sweep needs Dask (the test extra has it)")
     from accelrt import sweep
 
     trace = _recording(tmp_path)

@@ -31,6 +31,8 @@ from accelrt.replay import replay
 from accelrt.testing import reset_runtime
 from accelrt.trace import TraceEvent, load, write
 
+pytest.importorskip("dask.distributed", reason="the sweep needs Dask (the test extra has it)")
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "transformer_train.jsonl.gz"
 MiB = 1 << 20
 CONFIGS = ["defaults", "expandable_segments:True", "max_split_size_mb:20"]
