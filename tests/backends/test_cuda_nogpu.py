@@ -534,14 +534,19 @@ def test_nvml_count_reads_cuda_visible_devices(value: str | None, expected: int 
 class FakeNVML:
     """``libnvidia-ml``'s three calls the count uses, answering ``count`` GPUs."""
 
-    def __init__(self, count: int, init: int = 0) -> None:
+    def __init__(self, count: int, init: int = 0, cuda_version: int = 13000) -> None:
         self.count, self.init, self.shutdowns = count, init, 0
+        self.cuda_version = cuda_version  # the CUDA version the driver supports: 13000 = 13.0
 
     def nvmlInit_v2(self) -> int:
         return self.init
 
     def nvmlDeviceGetCount_v2(self, out: Any) -> int:
         out._obj.value = self.count
+        return 0
+
+    def nvmlSystemGetCudaDriverVersion_v2(self, out: Any) -> int:
+        out._obj.value = self.cuda_version
         return 0
 
     def nvmlShutdown(self) -> int:
@@ -553,9 +558,15 @@ def test_nvml_device_count(monkeypatch: pytest.MonkeyPatch) -> None:
     from accelrt.backends.cuda import _nvml
 
     monkeypatch.setattr(_nvml.ctypes, "CDLL", lambda name: FakeNVML(3))
+    monkeypatch.setattr(_nvml, "_bindings_major", lambda: 13)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert _nvml.nvml_device_count() == 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,1")
+    assert _nvml.nvml_device_count() == 2
+    # a CUDA 12.4 driver under cuda-bindings 13: cuInit would fail; the driver says why
+    monkeypatch.setattr(_nvml.ctypes, "CDLL", lambda name: FakeNVML(3, cuda_version=12040))
+    assert _nvml.nvml_device_count() is None
+    monkeypatch.setattr(_nvml, "_bindings_major", lambda: 12)
     assert _nvml.nvml_device_count() == 2
     failing = FakeNVML(3, init=9)  # NVML_ERROR_DRIVER_NOT_LOADED
     monkeypatch.setattr(_nvml.ctypes, "CDLL", lambda name: failing)

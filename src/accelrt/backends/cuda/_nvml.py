@@ -9,6 +9,7 @@ program its forked workers, so the ``cuda`` backend counts them with NVML, as
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
 import re
 from collections.abc import Callable
@@ -44,10 +45,21 @@ def _visible_count(value: str | None, physical: int) -> int | None:
     return next((i for i, ordinal in enumerate(ordinals) if ordinal >= physical), len(ordinals))
 
 
+def _bindings_major() -> int | None:
+    """The major version of the installed ``cuda-bindings`` (13 needs a CUDA 13 driver), or
+    None when it cannot be read."""
+    try:
+        return int(importlib.metadata.version("cuda-bindings").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
 def nvml_device_count() -> int | None:
     """The number of GPUs CUDA will show this process, read through NVML; None when NVML is
-    missing or fails, or ``CUDA_VISIBLE_DEVICES`` names devices by UUID (then the driver must
-    count them). Never raises; does not initialise CUDA."""
+    missing or fails, when the driver is older than ``cuda-bindings`` needs (its CUDA major
+    version below the bindings' major: ``cuInit`` would fail, and the driver's own count says
+    why), or when ``CUDA_VISIBLE_DEVICES`` names devices by UUID (then the driver must count
+    them). Never raises; does not initialise CUDA."""
     try:
         nvml = ctypes.CDLL(NVML_LIBRARY)
     except OSError:
@@ -55,9 +67,14 @@ def nvml_device_count() -> int | None:
     if nvml.nvmlInit_v2() != 0:
         return None
     try:
-        count = ctypes.c_uint(0)
+        count, cuda_version = ctypes.c_uint(0), ctypes.c_int(0)
         if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        if nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda_version)) != 0:
             return None
     finally:
         nvml.nvmlShutdown()
+    needed = _bindings_major()
+    if needed is not None and cuda_version.value // 1000 < needed:
+        return None
     return _visible_count(os.environ.get("CUDA_VISIBLE_DEVICES"), count.value)
