@@ -129,6 +129,7 @@ def _in_context_for_default_streams(
     context's); a created stream's handle carries its context, and the driver takes it on any
     thread (seen on an H200: stream and event calls succeed with no context current), which
     saves the ``cuCtxGetCurrent`` check, about 1 us a call."""
+    in_context = _in_context(method)
 
     @functools.wraps(method)
     def call(
@@ -136,12 +137,7 @@ def _in_context_for_default_streams(
     ) -> _R:
         if stream > MAX_DEFAULT_STREAM:
             return method(self, index, stream, *args, **kwargs)
-        _, previous = self._enter(index)
-        try:
-            return method(self, index, stream, *args, **kwargs)
-        finally:
-            if previous is not None:
-                self._leave(index, previous)
+        return in_context(self, index, stream, *args, **kwargs)
 
     return call
 

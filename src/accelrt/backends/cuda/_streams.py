@@ -124,10 +124,9 @@ class _StreamsEvents(_Devices):
         """``cuEventRecord`` on ``stream`` (with the device's context current only for the
         default streams: a created stream and the event carry their own)."""
         if stream > MAX_DEFAULT_STREAM:
-            state = self._dev(index)
-            self._call("cuEventRecord", index, event.handle, self._stream(state, stream))
-            return
-        state, previous = self._enter(index)
+            state, previous = self._dev(index), None
+        else:
+            state, previous = self._enter(index)
         try:
             self._call("cuEventRecord", index, event.handle, self._stream(state, stream))
         finally:

@@ -898,10 +898,10 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         return [(self.device_index, stream) for stream in streams]
 
     def _catch_up(self) -> None:
-        """``StreamEvents._catch_up``, run also when only capture-deferred frees wait."""
-        if self._finalized:
-            self._free_finalized()
-        if self._events or self._capture_deferred:
+        """``StreamEvents._catch_up``; its event step runs also when only capture-deferred
+        frees wait."""
+        super()._catch_up()
+        if self._capture_deferred and not self._events:
             self._process_events()
 
     def _insert_events(self, block: Block) -> None:
