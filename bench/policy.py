@@ -85,8 +85,7 @@ class TraceArrays:
 
 
 def load_arrays(path: Path, group: str, cache: Path) -> TraceArrays:
-    from accelrt.trace import load
-    from accelrt.trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE
+    from accelrt.trace import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, load
 
     name = path.name.removesuffix(".jsonl.gz")
     st = path.stat()

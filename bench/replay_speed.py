@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 
 from accelrt import replay as replay_module
-from accelrt.trace import load
-from accelrt.trace._columns import OP_ALLOC, OP_FREE
+from accelrt.trace import OP_ALLOC, OP_FREE, load
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT.parent / "shared" / "traces" / "cpu"

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from accelrt.trace import TraceEvent, TraceFormatError, load, write
+from accelrt.trace import (
+    OP_ALLOC,
+    OP_EMPTY_CACHE,
+    OP_FREE,
+    TraceEvent,
+    TraceEvents,
+    TraceFormatError,
+    load,
+    write,
+)
 
 HEADER = {"type": "header", "format": "alloc-trace-jsonl", "format_version": 1, "name": "t"}
 
@@ -34,6 +43,19 @@ def test_write_and_load_round_trip(tmp_path: Path) -> None:
     assert trace.events == events
     assert trace.name == "mini"
     assert trace.peak_live_bytes == 400 and trace.live_at_end_bytes == 0
+
+
+def test_events_built_from_the_public_op_codes() -> None:
+    events = TraceEvents(
+        [OP_ALLOC, OP_FREE, OP_EMPTY_CACHE], [4096, 4096, 0], [512, 512, 0], [7, 7, 0]
+    )
+    assert list(events) == [
+        TraceEvent("alloc", 4096, 512, 7),
+        TraceEvent("free", 4096, 512, 7),
+        TraceEvent("empty_cache", 0, 0, 0),
+    ]
+    with pytest.raises(ValueError, match=r"op codes must be in \[0, 3\), got \[3\]"):
+        TraceEvents([OP_EMPTY_CACHE + 1], [0], [0], [0])
 
 
 def test_host_events_skipped_by_default(tmp_path: Path) -> None:

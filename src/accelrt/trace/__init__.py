@@ -3,11 +3,15 @@
 The format (docs/allocator.md section 12) is gzip'd JSON Lines: a header object, then one event a
 line, ``{"action": "alloc" | "free", "addr", "size", "stream", "t"}`` or
 ``{"action": "empty_cache"}``. In memory a trace's events are numpy columns
-(:class:`TraceEvents`, 25 bytes an event), read without a Python object per line.
+(:class:`TraceEvents`, 25 bytes an event), read without a Python object per line; its ``op``
+column holds ``OP_ALLOC``, ``OP_FREE`` and ``OP_EMPTY_CACHE``.
 """
 
 from __future__ import annotations
 
+from ._columns import OP_ALLOC as OP_ALLOC
+from ._columns import OP_EMPTY_CACHE as OP_EMPTY_CACHE
+from ._columns import OP_FREE as OP_FREE
 from ._columns import TraceEvents as TraceEvents
 from ._format import Trace as Trace
 from ._format import TraceEvent as TraceEvent
@@ -19,6 +23,9 @@ from ._snapshot_schema import read_snapshot as read_snapshot
 from ._torch import record_torch as record_torch
 
 __all__ = [
+    "OP_ALLOC",
+    "OP_EMPTY_CACHE",
+    "OP_FREE",
     "Trace",
     "TraceEvent",
     "TraceEvents",
