@@ -13,6 +13,7 @@ from typing import Protocol
 
 from . import _runtime
 from ._device import Device, DeviceLike
+from ._readonly import read_only
 from ._stream_ops import StreamCore  # the build where there is one (accelrt/_compiled.py)
 from .backends._base import Backend, EventHandle, StreamOps, bind_stream
 from .memory._atomic import finaliser
@@ -176,29 +177,19 @@ class Stream(StreamCore):
         """The stream's device."""
         return Device(self._backend.name, self._index)
 
-    @property
-    def device_index(self) -> int:
-        """The stream's device index."""
-        return self._index
-
-    @property
-    def handle(self) -> int:
-        """The backend's stream handle (0 is the device's default stream)."""
-        return self._handle
-
-    @property
-    def priority(self) -> int:
-        """The priority the stream was created with."""
-        return self._priority
-
-    @property
-    def stream_id(self) -> int:
+    device_index: read_only[int] = read_only("_index", "The stream's device index.")
+    handle: read_only[int] = read_only(
+        "_handle", "The backend's stream handle (0 is the device's default stream)."
+    )
+    priority: read_only[int] = read_only("_priority", "The priority the stream was created with.")
+    stream_id: read_only[int] = read_only(
+        "_handle",
         """The stream's id: its backend handle (0 is the device's default stream).
 
         Mirrors ``torch.Stream.stream_id``; with ``device_index`` and ``device_type`` it
         rebuilds the stream (``Stream.from_handle``). Unlike PyTorch's, it packs no stream
-        type into its bits (docs/conformance.md)."""
-        return self._handle
+        type into its bits (docs/conformance.md).""",
+    )
 
     @property
     def device_type(self) -> str:
@@ -360,10 +351,7 @@ class Event:
             return None
         return Device(self._backend.name, self._index)
 
-    @property
-    def enable_timing(self) -> bool:
-        """Whether the event can time work."""
-        return self._enable_timing
+    enable_timing: read_only[bool] = read_only("_enable_timing", "Whether the event can time work.")
 
     @property
     def event_id(self) -> int:
