@@ -253,8 +253,7 @@ class Stream(StreamCore):
             If the event was recorded on another device (the message names both devices);
             as in PyTorch, streams wait only for events of their own device here.
         """
-        if not isinstance(event, Event):
-            raise TypeError(f"wait_event() takes an Event, got {type(event).__name__}")
+        _check_event(event, "wait_event")
         if event._handle is None:
             return
         if event.device != self.device:
@@ -426,8 +425,7 @@ class Event:
             recorded, or they were recorded on different devices (as PyTorch refuses). Waits
             for ``end_event`` to complete first.
         """
-        if not isinstance(end_event, Event):
-            raise TypeError(f"elapsed_time() takes an Event, got {type(end_event).__name__}")
+        _check_event(end_event, "elapsed_time")
         if not (self._enable_timing and end_event._enable_timing):
             raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._backend is None or end_event._backend is None:
@@ -442,6 +440,12 @@ class Event:
 
     def __repr__(self) -> str:
         return f"Event(device={self.device}, enable_timing={self._enable_timing})"
+
+
+def _check_event(value: object, call: str) -> None:
+    """Raise ``TypeError`` naming ``call`` (a method's name) unless ``value`` is an ``Event``."""
+    if not isinstance(value, Event):
+        raise TypeError(f"{call}() takes an Event, got {type(value).__name__}")
 
 
 class _CUDAStreamLike(Protocol):
