@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
         "_text",
         "_gc",
         "_lazy",
+        "_readonly",
         "_warn",
         "_compiled",
         "_stream_ops",

@@ -94,7 +94,7 @@ def test_the_model_is_calibrated_on_the_recorded_peak(tmp_path: Path) -> None:
 
     def peak(share: float) -> int:
         run = _Run(trace, SimBackend(device_count=1), 0, recording.settings, share)
-        return run.execute(None, frozenset())["reserved_bytes.all.peak"]
+        return run.execute()["reserved_bytes.all.peak"]
 
     share = calibrated_share(recording, peak)  # kept: no run
     assert peak(share) >= recording.peak_reserved_bytes

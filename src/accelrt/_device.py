@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeAlias
 
+from ._readonly import read_only
+
 __all__ = ["Device", "DeviceLike", "DeviceProperties"]
 
 _DEVICE_RE = re.compile(r"^([a-z_][a-z0-9_]*)(?::([0-9]{1,9}))?$", re.ASCII)
@@ -82,15 +84,10 @@ class Device:
         self._type = match.group(1)
         self._index = parsed_index
 
-    @property
-    def type(self) -> str:
-        """The backend type, e.g. ``"opencl"``."""
-        return self._type
-
-    @property
-    def index(self) -> int | None:
-        """The device index, or None when the device names a type only."""
-        return self._index
+    type: read_only[str] = read_only("_type", 'The backend type, e.g. ``"opencl"``.')
+    index: read_only[int | None] = read_only(
+        "_index", "The device index, or None when the device names a type only."
+    )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Device):

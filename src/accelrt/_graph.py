@@ -19,6 +19,7 @@ import weakref
 from types import TracebackType
 
 from . import _runtime
+from ._readonly import read_only
 from ._stream import CAPTURING, Stream, current_stream
 from .backends._base import Backend, GraphCapture, GraphHandle
 from .memory._atomic import finaliser
@@ -176,15 +177,12 @@ class Graph:
         self.keep_graph = keep_graph
         self.capture_error_mode = capture_error_mode
 
-    @property
-    def mem_pool(self) -> MemPool:
-        """The private ``MemPool`` that allocations made during capture come from."""
-        return self._mem_pool
-
-    @property
-    def is_capturing(self) -> bool:
-        """True between ``capture_begin`` and ``capture_end``."""
-        return self._capturing
+    mem_pool: read_only[MemPool] = read_only(
+        "_mem_pool", "The private ``MemPool`` that allocations made during capture come from."
+    )
+    is_capturing: read_only[bool] = read_only(
+        "_capturing", "True between ``capture_begin`` and ``capture_end``."
+    )
 
     def pool(self) -> PoolId:
         """Return the id of the graph's memory pool; ``Graph(pool=id)`` shares it.

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from . import _runtime
 from ._device import Device, DeviceLike
+from ._readonly import read_only
 from ._stream_ops import StreamCore  # the build where there is one (accelrt/_compiled.py)
 from .backends._base import Backend, EventHandle, StreamOps, bind_stream
 from .memory._atomic import finaliser
@@ -176,29 +177,19 @@ class Stream(StreamCore):
         """The stream's device."""
         return Device(self._backend.name, self._index)
 
-    @property
-    def device_index(self) -> int:
-        """The stream's device index."""
-        return self._index
-
-    @property
-    def handle(self) -> int:
-        """The backend's stream handle (0 is the device's default stream)."""
-        return self._handle
-
-    @property
-    def priority(self) -> int:
-        """The priority the stream was created with."""
-        return self._priority
-
-    @property
-    def stream_id(self) -> int:
+    device_index: read_only[int] = read_only("_index", "The stream's device index.")
+    handle: read_only[int] = read_only(
+        "_handle", "The backend's stream handle (0 is the device's default stream)."
+    )
+    priority: read_only[int] = read_only("_priority", "The priority the stream was created with.")
+    stream_id: read_only[int] = read_only(
+        "_handle",
         """The stream's id: its backend handle (0 is the device's default stream).
 
         Mirrors ``torch.Stream.stream_id``; with ``device_index`` and ``device_type`` it
         rebuilds the stream (``Stream.from_handle``). Unlike PyTorch's, it packs no stream
-        type into its bits (docs/conformance.md)."""
-        return self._handle
+        type into its bits (docs/conformance.md).""",
+    )
 
     @property
     def device_type(self) -> str:
@@ -262,8 +253,7 @@ class Stream(StreamCore):
             If the event was recorded on another device (the message names both devices);
             as in PyTorch, streams wait only for events of their own device here.
         """
-        if not isinstance(event, Event):
-            raise TypeError(f"wait_event() takes an Event, got {type(event).__name__}")
+        _check_event(event, "wait_event")
         if event._handle is None:
             return
         if event.device != self.device:
@@ -360,10 +350,7 @@ class Event:
             return None
         return Device(self._backend.name, self._index)
 
-    @property
-    def enable_timing(self) -> bool:
-        """Whether the event can time work."""
-        return self._enable_timing
+    enable_timing: read_only[bool] = read_only("_enable_timing", "Whether the event can time work.")
 
     @property
     def event_id(self) -> int:
@@ -438,8 +425,7 @@ class Event:
             recorded, or they were recorded on different devices (as PyTorch refuses). Waits
             for ``end_event`` to complete first.
         """
-        if not isinstance(end_event, Event):
-            raise TypeError(f"elapsed_time() takes an Event, got {type(end_event).__name__}")
+        _check_event(end_event, "elapsed_time")
         if not (self._enable_timing and end_event._enable_timing):
             raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._backend is None or end_event._backend is None:
@@ -454,6 +440,12 @@ class Event:
 
     def __repr__(self) -> str:
         return f"Event(device={self.device}, enable_timing={self._enable_timing})"
+
+
+def _check_event(value: object, call: str) -> None:
+    """Raise ``TypeError`` naming ``call`` (a method's name) unless ``value`` is an ``Event``."""
+    if not isinstance(value, Event):
+        raise TypeError(f"{call}() takes an Event, got {type(value).__name__}")
 
 
 class _CUDAStreamLike(Protocol):

@@ -41,7 +41,7 @@ from .memory._policy import MAX_REQUEST_BYTES
 from .memory.device._block import Block
 from .memory.device._core import CachingAllocator
 from .memory.history._history import SegmentInfo
-from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, TraceEvents
+from .trace._columns import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE
 from .trace._format import Trace
 from .trace._recording import UNLIMITED_CAPACITY
 
@@ -325,8 +325,8 @@ def replay(
     if kind == "modelled":
         assert recording is not None
         share, low, high = _model_start(trace, settings, backend.mem_get_info(index)[1])
-    run = _Run(trace, backend, index, settings, share)
-    stats = run.execute(progress, frozenset(capture_at))
+    run = _Run(trace, backend, index, settings, share, progress, frozenset(capture_at))
+    stats = run.execute()
     peak_requested = stats["requested_bytes.all.peak"]
     peak_reserved = stats["reserved_bytes.all.peak"]
     if low is not None and high is not None:
@@ -392,7 +392,7 @@ def _model_start(trace: Trace, settings: AllocatorConfig, capacity: int) -> tupl
     def peak_with(config: AllocatorConfig, share: float, capacity: int) -> int:
         sim = SimBackend(device_count=1, capacity=capacity)
         run = _Run(trace, sim, 0, config, share)
-        return run.execute(None, frozenset())["reserved_bytes.all.peak"]
+        return run.execute()["reserved_bytes.all.peak"]
 
     low = peak_with(settings, 0.0, capacity)  # first: raises where the start does not fit
 
@@ -415,6 +415,7 @@ class _Run:
 
     ``share`` < 0 restores a recording's start as recorded; otherwise the start is rebuilt
     under ``settings`` with that share of its cached bytes held (``rebuild_start``).
+    ``progress`` and ``captures`` are ``replay``'s ``progress`` and ``capture_at``.
     """
 
     def __init__(
@@ -424,8 +425,11 @@ class _Run:
         index: int,
         settings: AllocatorConfig,
         share: float,
+        progress: ProgressCallback | None = None,
+        captures: frozenset[int] = frozenset(),
     ) -> None:
         self.trace, self.backend, self.index, self.share = trace, backend, index, share
+        self.progress, self.captures = progress, captures
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.allocator = CachingAllocator(backend, index, settings)
@@ -442,11 +446,9 @@ class _Run:
             self.handles[stream] = handle
         return handle
 
-    def execute(
-        self, progress: ProgressCallback | None, captures: frozenset[int]
-    ) -> dict[str, int]:
+    def execute(self) -> dict[str, int]:
         """Build the start state, run the events; return ``memory_stats()`` after the last."""
-        allocator, trace = self.allocator, self.trace
+        allocator, trace, progress = self.allocator, self.trace, self.progress
         blocks = type(allocator)._ActiveBlocks()  # a dict, or the compiled core's map of them
         total = len(trace.events)
         try:
@@ -457,20 +459,11 @@ class _Run:
                     live = rebuild_start(allocator, trace.recording, self.handle_of, self.share)
                     blocks.update(live.items())
                 allocator.reset_accumulated_memory_stats()  # count what the trace itself does
-            if -1 in captures:
+            if -1 in self.captures:
                 self.segment_maps[-1] = allocator.snapshot()[0]
             begin = time.perf_counter()
             with collector_paused():  # blocks are containers: collections would walk them all
-                _run_events(
-                    trace.events,
-                    allocator,
-                    blocks,
-                    self.handle_of,
-                    self.ooms,
-                    progress,
-                    captures,
-                    self.segment_maps,
-                )
+                _run_events(self, blocks)
             self.wall_seconds = time.perf_counter() - begin
             if progress is not None:
                 progress(total, total)
@@ -508,17 +501,9 @@ class _Run:
             blocks.update(zip(recorded, restored, strict=True))  # the trace frees them by these
 
 
-def _run_events(
-    events: TraceEvents,
-    allocator: CachingAllocator,
-    blocks: dict[int, Block],
-    handle_of: Callable[[int], int],
-    ooms: list[OomRecord],
-    progress: ProgressCallback | None,
-    captures: frozenset[int],
-    segment_maps: dict[int, list[SegmentInfo]],
-) -> None:
-    """Run the events through ``allocator``: the replay loop.
+def _run_events(run: _Run, blocks: dict[int, Block]) -> None:
+    """Run ``run``'s events through its allocator, filing live blocks in ``blocks`` by their
+    recorded address: the replay loop.
 
     The columns are turned into Python lists a chunk at a time and walked with ``zip``; an
     event costs a dict operation and the allocator call, no object of its own. Zero-byte and
@@ -526,6 +511,8 @@ def _run_events(
     or a capture is due, so the loop never tests an index; the index of the rare event that
     runs out of memory is read back from the list iterator's remaining length.
     """
+    events, allocator, handle_of = run.trace.events, run.allocator, run.handle_of
+    progress, captures, ooms, segment_maps = run.progress, run.captures, run.ooms, run.segment_maps
     total = len(events)
     codes = events.op.copy()
     allocs = codes == OP_ALLOC
@@ -548,15 +535,17 @@ def _run_events(
     step = _PROGRESS_EVERY if progress is not None else _CHUNK
     bounds = sorted({*range(0, total, step), *(i + 1 for i in taken), total})
     taken_set = frozenset(taken)
-    run = getattr(allocator, "run_events", None)  # the compiled core's loop, where it runs
-    if run is None:
-        run = functools.partial(_run_chunk, allocator)
+    run_chunk = getattr(allocator, "run_events", None)  # the compiled core's loop, where it runs
+    if run_chunk is None:
+        run_chunk = functools.partial(_run_chunk, allocator)
     for lo, hi in itertools.pairwise(bounds):
         if progress is not None and lo % _PROGRESS_EVERY == 0:
             progress(lo, total)
         i = lo
         while i < hi:
-            i = run(codes, events.addr, events.size, handle_column, only_handle, blocks, i, hi)
+            i = run_chunk(
+                codes, events.addr, events.size, handle_column, only_handle, blocks, i, hi
+            )
             if i < hi:  # ran out of memory (or no device has that much): record, go on
                 size = int(events.size[i])
                 ooms.append(OomRecord(i, size, int(events.stream[i]), allocator.reserved_bytes))
@@ -614,21 +603,14 @@ def _run_chunk(
     return stop
 
 
-def _run_events_reference(
-    events: TraceEvents,
-    allocator: CachingAllocator,
-    blocks: dict[int, Block],
-    handle_of: Callable[[int], int],
-    ooms: list[OomRecord],
-    progress: ProgressCallback | None,
-    captures: frozenset[int],
-    segment_maps: dict[int, list[SegmentInfo]],
-) -> None:
+def _run_events_reference(run: _Run, blocks: dict[int, Block]) -> None:
     """The replay loop as first written, an object per event: the spec of :func:`_run_events`.
 
     Same arguments and effects; the differential test (tests/test_trace_columns.py) and
     ``bench/replay_speed.py`` run it in the fast loop's place.
     """
+    events, allocator, handle_of = run.trace.events, run.allocator, run.handle_of
+    progress, captures, ooms, segment_maps = run.progress, run.captures, run.ooms, run.segment_maps
     total = len(events)
     for i, (action, addr, size, stream) in enumerate(events):
         if progress is not None and i % _PROGRESS_EVERY == 0:

@@ -9,7 +9,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
-from ..._lazy import made_once
+from ..._lazy import PerDevice
 from ..._text import error_line
 from .._base import STORAGE_DTYPE_NAMES, DType, dtypes, visible_devices
 from ._driver import (
@@ -80,7 +80,7 @@ class _CUDADevice:
         self.idle_events: list[CUevent] = []  # timing-disabled events for the keep-alive
 
 
-class _Devices(_DriverCalls):
+class _Devices(_DriverCalls, PerDevice[_CUDADevice]):
     """Discovery, device properties and primary contexts: what every capability builds on."""
 
     name: str
@@ -296,14 +296,7 @@ class _Devices(_DriverCalls):
             )
         return self._vmm
 
-    def _dev(self, index: int) -> _CUDADevice:
-        """The device's state, retaining its primary context on first use."""
-        state = self._state.get(index)  # the hot case inline: no extra call
-        if state is None:  # first use: made once, under the lock
-            state = made_once(self._state, index, self._lock, self._retain)
-        return state
-
-    def _retain(self, index: int) -> _CUDADevice:
+    def _new_dev(self, index: int) -> _CUDADevice:
         """A new state of the device: its primary context retained (``_dev``, under the lock)."""
         device = self._device(index)
         context = self._call("cuDevicePrimaryCtxRetain", index, device)

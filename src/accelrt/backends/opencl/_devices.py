@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..._device import DeviceProperties
-from ..._lazy import made_once
+from ..._lazy import PerDevice
 from .._base import DType, dtypes, visible_devices
 from ._cl import Marker, SVMMemcpy, _import_cl, _svm_memcpy_by_enqueue_copy
 from ._queues import _CLStream
@@ -58,7 +58,7 @@ class _CLDevice:
         return _CLStream(self, handle, cl.CommandQueue(self.context, self.device, properties=props))
 
 
-class _Devices:
+class _Devices(PerDevice[_CLDevice]):
     """Discovery, properties and the lazy per-device state of the ``opencl`` backend."""
 
     name = "opencl"
@@ -139,12 +139,6 @@ class _Devices:
         if "cl_khr_fp16" in dev.extensions.split():
             names.append("float16")
         return dtypes(names)
-
-    def _dev(self, index: int) -> _CLDevice:
-        state = self._state.get(index)  # the hot case inline: no extra call
-        if state is None:  # first use: made once, under the lock
-            state = made_once(self._state, index, self._lock, self._new_dev)
-        return state
 
     def _new_dev(self, index: int) -> _CLDevice:
         return _CLDevice(_import_cl(), self._devices()[index], index)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 from ... import _runtime
 from ..._device import Device, DeviceLike
+from ..._readonly import read_only
 from ..history._history import SegmentInfo
 from ._block import BlockPool, PoolId, Segment
 from ._core import CachingAllocator
@@ -204,22 +205,19 @@ class MemPool:
         self._use_on_oom = use_on_oom
         self._no_split = no_split
 
-    @property
-    def allocator(self) -> PluggableAllocator | None:
+    allocator: read_only[PluggableAllocator | None] = read_only(
+        "_custom",
         """The ``PluggableAllocator`` the pool's segments come from, or None (the device).
 
-        Mirrors ``torch.cuda.MemPool.allocator``."""
-        return self._custom
+        Mirrors ``torch.cuda.MemPool.allocator``.""",
+    )
 
-    @property
-    def use_on_oom(self) -> bool:
-        """Whether the pool lends its free blocks to requests that ran out of memory."""
-        return self._use_on_oom
-
-    @property
-    def no_split(self) -> bool:
-        """Whether the pool hands its blocks out whole, never split."""
-        return self._no_split
+    use_on_oom: read_only[bool] = read_only(
+        "_use_on_oom", "Whether the pool lends its free blocks to requests that ran out of memory."
+    )
+    no_split: read_only[bool] = read_only(
+        "_no_split", "Whether the pool hands its blocks out whole, never split."
+    )
 
     def use_count(self) -> int:
         """Return how many hold the pool: 1 for this object, plus each ``use_mem_pool``

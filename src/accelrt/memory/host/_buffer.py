@@ -7,6 +7,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from ..._device import Device
+from ..._readonly import read_only
 from ..._stream import Stream
 from ..buffers._buffer import ExportPin, FreedWhenCollected, MemoryHandle
 
@@ -92,15 +93,13 @@ class HostBuffer(MemoryHandle, FreedWhenCollected):
             raise self._freed_error()
         return self._address
 
-    @property
-    def device(self) -> Device:
-        """The device the memory is for (whose backend allocated and pinned it)."""
-        return self._device
-
-    @property
-    def pinned(self) -> bool:
-        """True if the memory is the driver's pinned host memory, False if ordinary memory."""
-        return self._pinned
+    device: read_only[Device] = read_only(
+        "_device", "The device the memory is for (whose backend allocated and pinned it)."
+    )
+    pinned: read_only[bool] = read_only(
+        "_pinned",
+        "True if the memory is the driver's pinned host memory, False if ordinary memory.",
+    )
 
     def _no_block_error(self) -> ValueError:
         if self.nbytes:
