@@ -512,20 +512,26 @@ cdef extern from *:
     #include <cstdint>
     #include <unordered_map>
     #include <utility>
-    // ActiveBlocks' table: a hash map of address -> block that keeps the node of the last
-    // block taken out and files the next block in it, so that an alloc and a free, which
-    // file and unfile one block each, allocate no node.
+    #include <vector>
+    // ActiveBlocks' table: a hash map of address -> block that keeps the nodes of the blocks
+    // taken out (up to SPARE_NODES of them) and files the next blocks in them, so that allocs
+    // and frees, which file and unfile one block each, allocate and release no node in runs
+    // of either.
     struct accelrt_block_table {
-        std::unordered_map<int64_t, PyObject*> map;
-        std::unordered_map<int64_t, PyObject*>::node_type spare;
+        typedef std::unordered_map<int64_t, PyObject*> Map;
+        static constexpr size_t SPARE_NODES = 256;
+        Map map;
+        std::vector<Map::node_type> spares;
         // File value at key; return the value it replaced there, or NULL.
         PyObject* put(int64_t key, PyObject* value) {
-            if (!spare.empty()) {
-                spare.key() = key;
-                spare.mapped() = value;
-                auto placed = map.insert(std::move(spare));
+            if (!spares.empty()) {
+                Map::node_type node = std::move(spares.back());
+                spares.pop_back();
+                node.key() = key;
+                node.mapped() = value;
+                auto placed = map.insert(std::move(node));
                 if (placed.inserted) return NULL;
-                spare = std::move(placed.node);  // the key was filed: the node stays spare
+                spares.push_back(std::move(placed.node));  // the key was filed: still spare
                 PyObject* old = placed.position->second;
                 placed.position->second = value;
                 return old;
@@ -545,7 +551,8 @@ cdef extern from *:
             auto found = map.find(key);
             if (found == map.end()) return NULL;
             PyObject* value = found->second;
-            spare = map.extract(found);
+            Map::node_type node = map.extract(found);
+            if (spares.size() < SPARE_NODES) spares.push_back(std::move(node));
             return value;
         }
     };
@@ -564,8 +571,8 @@ cdef class ActiveBlocks:
 
     What the Python code uses as a dict of int to Block (the allocator's ``_active``, replay's
     live blocks): ``get``, ``pop``, ``update``, item assignment and deletion, ``values`` and
-    ``len``. It holds a reference to each block. The map reuses the node of the block taken
-    out last (``BlockTable``), so a malloc and a free allocate no C++ node.
+    ``len``. It holds a reference to each block. The map reuses the nodes of the blocks
+    taken out (``BlockTable``), so mallocs and frees allocate no C++ node.
     """
 
     cdef BlockTable _table
