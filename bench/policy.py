@@ -250,6 +250,9 @@ class Policy:
         Added to the chunk's limit of ``chunk_in_budget`` with ``floor_budget``.
     adapt_min_share : float
         With ``adapt_div``: only maps of at least this share of reserved grow the budget.
+    adapt_for_larger : bool
+        With ``adapt_div``: the budget's growth applies only to requests at least as large as
+        the smallest one whose map grew it (room for the large tensors that were stitched).
     restitch_min : int
         > 0: a request of a rounded size (at least this) that a reclaim has served before
         creates pages instead (GMLake: a size is stitched once, then reused).
@@ -295,6 +298,7 @@ class Policy:
     restitch_min: int = 0
     chunk_abs: int = 0
     adapt_min_share: float = 0.0
+    adapt_for_larger: bool = False
     move_max_min: int = 0
     move_max_after: float = 0.0
     floor_slack_mul: float = 1.0
@@ -337,15 +341,17 @@ ACCELRT3 = dataclasses.replace(
     name="accelrt3",
     adapt_div=1,
     adapt_min_share=1 / 3,
+    adapt_for_larger=True,
     protect_request=True,
     join_owners=True,
 )
 """The candidate for ``policy:accelrt`` (docs/policy-design.md): ``accelrt2``, and a move for a
-map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H):
-a trace whose largest tensors have to be stitched anew keeps room as expandable segments
-would, instead of stitching them every iteration; a reclaim spares only what the request will
-hold (``protect_request``); above the budget, free neighbours of different owners are joined
-first (``join_owners``)."""
+map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H),
+for requests at least as large as the smallest one whose map raised it: a trace whose largest
+tensors have to be stitched anew keeps room for them as expandable segments would, instead of
+stitching them every iteration, and smaller requests keep the budget B0 (``adapt_for_larger``);
+a reclaim spares only what the request will hold (``protect_request``); above the budget, free
+neighbours of different owners are joined first (``join_owners``)."""
 
 POLICIES = {
     p.name: p
@@ -406,6 +412,7 @@ class Device:
         self.peak_requested = 0
         self.capacity = SIM_CAPACITY
         self.allow = 0  # the budget's growth (adapt_div)
+        self.allow_from = 0  # adapt_for_larger: the smallest request that grew it
         self.retries = 0
         self.live_small = self.live_large = self.floor_peak = 0
         self.cur_s = 0  # the rounded size of the malloc being served
@@ -440,6 +447,12 @@ class Device:
             b = max(b, int((1.0 + p.slack) * self.peak_requested))
         return b
 
+    def allowance(self) -> int:
+        """The budget's growth (adapt_div) for the malloc being served."""
+        if self.policy.adapt_for_larger and self.cur_s < self.allow_from:
+            return 0
+        return self.allow
+
     def note_live(self, s: int, sign: int) -> None:
         if s <= SMALL:
             self.live_small += sign * s
@@ -460,7 +473,7 @@ class Device:
             over = self.reserved + nbytes - have
             if p.slack >= 0:
                 budget = self.budget() if p.floor_budget else (1.0 + p.slack) * self.peak_requested
-                budget += self.allow
+                budget += self.allowance()
                 go = over > budget + p.reserve_pages * PAGE
             else:
                 go = p.reclaim_below_peak or over > self.peak
@@ -489,6 +502,8 @@ class Device:
                     ):
                         cap = int(p.max_slack * self.peak_requested)
                         self.allow = min(self.allow + nbytes // p.adapt_div, cap)
+                        if not self.allow_from or self.cur_s < self.allow_from:
+                            self.allow_from = self.cur_s
                 have = self.pool.get(page, 0)
         if self.reserved + nbytes - have > self.capacity:
             # the device is full: the last step of the malloc ladder (docs/allocator.md
@@ -827,7 +842,7 @@ class Arena:
         addr = self._find(s, stream)
         if addr is None and self.dev.policy.streams == "adopt":
             dev = self.dev
-            if dev.policy.join_owners and dev.reserved + s > dev.budget() + dev.allow:
+            if dev.policy.join_owners and dev.reserved + s > dev.budget() + dev.allowance():
                 self._join_owners()
             addr = self._adopt(s, stream)
         if addr is None:

@@ -1,7 +1,7 @@
-"""Issue 23 on traces nobody recorded: the policies on generated workloads of four families.
+"""Issue 23 on traces nobody recorded: the policies on generated workloads of five families.
 
 ``bench/policy.py`` measures the policies on the real traces we hold; the issue will also be
-judged on traces we have not seen. This benchmark generates seeded workloads of four families,
+judged on traces we have not seen. This benchmark generates seeded workloads of five families,
 each on one stream and on three, and replays every one under PyTorch's defaults,
 ``expandable_segments:True`` and ``policy:accelrt`` on the simulated device (through
 ``accelrt.replay.replay``, the real allocator):
@@ -14,6 +14,10 @@ each on one stream and on three, and replays every one under PyTorch's defaults,
 - ``rand``: allocations of log-uniform sizes (1 KiB to 256 MiB) freed at random.
 - ``busy``: the same with many more live at once (up to 3,000, of 1 KiB to 64 MiB) and
   20,000 steps: a stress case, not a model of a training step.
+- ``fsdp``: sharded data-parallel training. Shards of the parameters and optimizer state stay
+  live; each layer's full parameters are gathered into a buffer on the communication stream
+  (the last one) around its forward and its backward, gradients are reduced into shards
+  there; activations are freed as the backward walks back.
 
 Printed: for each workload, peak reserved / peak requested (1.0 is the floor) under each
 setting, and ``policy:accelrt``'s map calls against expandable segments'; per family, the
@@ -147,11 +151,44 @@ def busy(rng: np.random.Generator, streams: int) -> list[Event]:
     return _random_frees(rng, streams, 20000, 0.5, 3000, 26)
 
 
+def sharded(rng: np.random.Generator, streams: int) -> list[Event]:
+    """Six iterations of sharded data-parallel training over 8-23 layers of 16-256 MiB of
+    parameters each (see the module docstring)."""
+    out = Recorder()
+    comm = streams - 1
+    full = log_uniform(rng, int(rng.integers(8, 24)), 24, 28)
+    for size in full:  # shards: parameters (1/8) and optimizer state (1/4)
+        out.alloc(max(512, size // 8))
+        out.alloc(max(512, size // 4))
+    for _ in range(6):
+        scale = rng.uniform(0.6, 1.4)
+        activations = []
+        for size in full:
+            gathered = out.alloc(size, comm)
+            for activation in log_uniform(rng, int(rng.integers(2, 6)), 16, 26):
+                activations.append(out.alloc(int(activation * scale) + 512))
+            out.free(out.alloc(int(size * rng.uniform(0.1, 0.5)) + 512))
+            out.free(gathered, comm)
+        for size in reversed(full):
+            gathered = out.alloc(size, comm)
+            gradient = out.alloc(size)
+            for _ in range(min(len(activations), int(rng.integers(2, 6)))):
+                out.free(activations.pop())
+            reduced = out.alloc(max(512, size // 8), comm)
+            out.free(gradient)
+            out.free(gathered, comm)
+            out.free(reduced, comm)
+        while activations:
+            out.free(activations.pop())
+    return out.events
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
     "train": training,
     "kv": kv_cache,
     "rand": random_lifetimes,
     "busy": busy,
+    "fsdp": sharded,
 }
 
 

@@ -244,6 +244,26 @@ def test_a_reclaim_takes_the_pages_of_the_runs_last_block_above_the_request() ->
     assert head.allocated and tail.allocated
 
 
+def test_the_allowance_is_room_for_requests_as_large_as_the_stitched_one() -> None:
+    """Section 16.1: a map of a third of reserved or more that took moved pages raises A, for
+    requests at least as large as that one (S); a smaller request keeps the budget B0, so it
+    moves idle pages instead of growing into room kept for the large tensors."""
+    _, alloc = allocator("policy:accelrt")
+    alloc.malloc(20 * MiB, 0)
+    a = alloc.malloc(40 * MiB, 0)
+    alloc.malloc(40 * MiB, 0)
+    alloc.free(a)
+    assert alloc._budget(60 * MiB) == alloc._base_budget()  # no allowance yet
+    alloc.malloc(60 * MiB, 0)  # above the budget: a's 40 MiB of pages are moved into it
+    assert alloc.policy_counters == {"adoptions": 0, "reclaims": 1, "pages_moved": 20}
+    assert alloc.memory_stats()["reserved_bytes.all.current"] == 120 * MiB
+    assert alloc._allowance == 12 * MiB  # min(60 MiB, H // 10), H = 120 MiB
+    assert alloc._budget(60 * MiB) == alloc._base_budget() + 12 * MiB
+    assert alloc._budget(80 * MiB) == alloc._base_budget() + 12 * MiB
+    assert alloc._budget(60 * MiB - 512) == alloc._base_budget()
+    assert alloc._budget(2 * MiB) == alloc._base_budget()
+
+
 def test_above_the_budget_free_neighbours_of_other_streams_are_joined() -> None:
     """Section 16.2 step 3: a miss that would take reserved above the budget first joins
     neighbouring free blocks of different owners (after both streams' work), so the request

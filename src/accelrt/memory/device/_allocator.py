@@ -358,7 +358,7 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
             self._note_request(pool, size, nbytes)
             # above the budget, free neighbours of different owners become one block (a join
             # needs free blocks of two owners: with one, it would walk them for nothing)
-            if self._reserved + size > self._budget() and len(pool.streams()) > 1:
+            if self._reserved + size > self._budget(size) and len(pool.streams()) > 1:
                 self._join_owners(pool)
             adopted = self._adopt(pool, size, stream)
             if adopted is not None:

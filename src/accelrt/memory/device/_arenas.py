@@ -106,6 +106,7 @@ class SharedArenas:
         """Start with no arena, no allowance and no high-water mark."""
         self._high_water = 0  # H before the last reset of the statistics' peaks
         self._allowance = 0  # A
+        self._allowance_from = 0  # S: the smallest request whose stitching raised A
         self._arena_order: dict[int, int] = {}  # arena address -> creation number
         self._arenas_made = 0
         #: policy counters (snapshot ``allocator_settings["accelrt_policy"]``)
@@ -126,9 +127,12 @@ class SharedArenas:
         high = self._high_water
         return max(self._floor_peak, high + high // 200)
 
-    def _budget(self) -> int:
-        """B = B0 + A, capped by the memory fraction's allowance (16.2)."""
-        budget = self._base_budget() + self._allowance
+    def _budget(self, size: int) -> int:
+        """B for a request of ``size`` bytes: B0, plus A if ``size`` >= S (16.1), capped by the
+        memory fraction's allowance (16.2)."""
+        budget = self._base_budget()
+        if size >= self._allowance_from:
+            budget += self._allowance
         return budget if self._allowed_max is None else min(budget, self._allowed_max)
 
     def _join_owners(self, pool: BlockPool) -> None:
@@ -251,7 +255,7 @@ class SharedArenas:
         never from what the request will hold, ``[lo, request_end)``, or from the pages about
         to be mapped); the mapped block, merged with the free block before it, or None when
         the device or the memory fraction refused."""
-        if not self._pages_for(pool, need, lo, max(request_end, at + need)):
+        if not self._pages_for(pool, need, lo, max(request_end, at + need), request_end - lo):
             return None
         unmapped = self._unmapped_at(pool, at)  # a reclaim may have merged into it
         if not self._map_block(unmapped, need, at=at, owner=stream):
@@ -287,11 +291,11 @@ class SharedArenas:
             raise AssertionError(f"no unmapped block holds {address:#x}")
         return block
 
-    def _pages_for(self, pool: BlockPool, need: int, lo: int, hi: int) -> bool:
-        """Make room for a map of ``need`` bytes: above the budget, reclaim idle pages first
-        (never from ``[lo, hi)``, what the request will hold); False when the memory fraction
-        forbids the pages still to be created."""
-        if self._reserved + need > self._budget():
+    def _pages_for(self, pool: BlockPool, need: int, lo: int, hi: int, size: int) -> bool:
+        """Make room for a map of ``need`` bytes for a request of ``size`` bytes: above the
+        budget, reclaim idle pages first (never from ``[lo, hi)``, what the request will
+        hold); False when the memory fraction forbids the pages still to be created."""
+        if self._reserved + need > self._budget(size):
             reserved_before = self._reserved
             moved = self._reclaim(pool, need, lo, hi)
             if moved:
@@ -300,6 +304,8 @@ class SharedArenas:
                 counters["pages_moved"] += moved // PAGE
                 if 3 * need >= reserved_before:  # a large tensor stitched from moved pages
                     self._allowance = min(self._allowance + need, self._high_water // 10)
+                    if not self._allowance_from or size < self._allowance_from:
+                        self._allowance_from = size
         return not self._fraction_refuses(need)
 
     def _reclaim(self, pool: BlockPool, want: int, lo: int, hi: int) -> int:
