@@ -1,7 +1,7 @@
-"""Issue 23 on traces nobody recorded: the policies on generated workloads of five families.
+"""Issue 23 on traces nobody recorded: the policies on generated workloads of eight families.
 
 ``bench/policy.py`` measures the policies on the real traces we hold; the issue will also be
-judged on traces we have not seen. This benchmark generates seeded workloads of five families,
+judged on traces we have not seen. This benchmark generates seeded workloads of eight families,
 each on one stream and on three, and replays every one under PyTorch's defaults,
 ``expandable_segments:True`` and ``policy:accelrt`` on the simulated device (through
 ``accelrt.replay.replay``, the real allocator):
@@ -18,6 +18,14 @@ each on one stream and on three, and replays every one under PyTorch's defaults,
   live; each layer's full parameters are gathered into a buffer on the communication stream
   (the last one) around its forward and its backward, gradients are reduced into shards
   there; activations are freed as the backward walks back.
+- ``moe``: mixture-of-experts layers: each step routes its tokens to 4-15 experts in shares
+  drawn anew, so every expert's input and hidden buffers change size from step to step.
+- ``pipe``: one stage of a 1F1B pipeline: warm-up forwards stash 2-7 micro-batches'
+  activations, then each forward is followed by the backward of the oldest; received and sent
+  activations are buffers on the communication stream.
+- ``vocab``: language-model training with a large vocabulary: each step's logits (and their
+  float32 copy and gradient), several GiB at long sequences, come at the end of a forward of
+  a sequence length drawn anew.
 
 Printed: for each workload, peak reserved / peak requested (1.0 is the floor) under each
 setting, and ``policy:accelrt``'s map calls against expandable segments'; per family, the
@@ -183,12 +191,106 @@ def sharded(rng: np.random.Generator, streams: int) -> list[Event]:
     return out.events
 
 
+def experts(rng: np.random.Generator, streams: int) -> list[Event]:
+    """Eight steps through 6-15 mixture-of-experts layers (see the module docstring)."""
+    out = Recorder()
+    count, layers = int(rng.integers(4, 16)), int(rng.integers(6, 16))
+    for size in log_uniform(rng, 3 * layers, 20, 26):  # parameters
+        out.alloc(size)
+    for _ in range(8):
+        tokens, hidden = int(rng.integers(2048, 16384)), int(rng.choice([1024, 2048, 4096]))
+        kept: list[tuple[int, int]] = []
+        for _ in range(layers):
+            kept.append((out.alloc(tokens * hidden * 2), 0))
+            for share in rng.dirichlet(np.full(count, 0.5)):
+                routed, stream = int(share * tokens) + 1, int(rng.integers(streams))
+                expert_input = out.alloc(routed * hidden * 2, stream)
+                out.free(out.alloc(routed * hidden * 8, stream), stream)  # its hidden layer
+                if rng.random() < 0.5:
+                    kept.append((expert_input, stream))
+                else:
+                    out.free(expert_input, stream)
+        for address, stream in reversed(kept):
+            gradient = out.alloc(int(rng.integers(1, 8)) * MIB)
+            out.free(address, stream)
+            out.free(gradient)
+    return out.events
+
+
+def pipeline(rng: np.random.Generator, streams: int) -> list[Event]:
+    """Three iterations of a 1F1B pipeline stage over 8-31 micro-batches (see the module
+    docstring)."""
+    out = Recorder()
+    comm = streams - 1
+    depth, micro_batches = int(rng.integers(2, 8)), int(rng.integers(8, 32))
+    for size in log_uniform(rng, 20, 20, 27):  # parameters
+        out.alloc(size)
+    sizes = log_uniform(rng, int(rng.integers(5, 20)), 16, 27)
+    stash: list[list[int]] = []
+
+    def forward() -> None:
+        received = out.alloc(sizes[0], comm)
+        stash.append([out.alloc(size) for size in sizes])
+        out.free(received, comm)
+        out.free(out.alloc(sizes[-1], comm), comm)  # sent
+
+    def backward() -> None:
+        received = out.alloc(sizes[-1], comm)
+        for address in reversed(stash.pop(0)):
+            gradient = out.alloc(int(rng.integers(1, 4)) * MIB)
+            out.free(address)
+            out.free(gradient)
+        out.free(received, comm)
+
+    for _ in range(3):
+        for _ in range(depth):
+            forward()
+        for _ in range(micro_batches - depth):
+            forward()
+            backward()
+        while stash:
+            backward()
+        for gradient in [out.alloc(size) for size in log_uniform(rng, 5, 20, 26)]:
+            out.free(gradient)
+    return out.events
+
+
+def vocabulary(rng: np.random.Generator, streams: int) -> list[Event]:
+    """Ten steps of language-model training with a vocabulary of 32,000 to 128,256 (see the
+    module docstring)."""
+    out = Recorder()
+    for size in log_uniform(rng, 30, 20, 27):  # parameters
+        out.alloc(size)
+    vocab = int(rng.choice([32000, 50257, 128256]))
+    for _ in range(10):
+        tokens = int(rng.integers(256, 4096)) * int(rng.integers(1, 8))
+        stream = int(rng.integers(streams))
+        activations = [
+            out.alloc(tokens * int(rng.integers(1024, 8192)) * 2, stream)
+            for _ in range(int(rng.integers(10, 40)))
+        ]
+        half = out.alloc(tokens * vocab * 2, stream)
+        single = out.alloc(tokens * vocab * 4, stream)
+        out.free(half, stream)
+        gradient = out.alloc(tokens * vocab * 4, stream)
+        out.free(single, stream)
+        out.free(gradient, stream)
+        for address in reversed(activations):
+            gradient = out.alloc(int(rng.integers(1, 32)) * MIB, stream)
+            out.free(address, stream)
+            out.free(gradient, stream)
+    return out.events
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
     "train": training,
     "kv": kv_cache,
     "rand": random_lifetimes,
     "busy": busy,
     "fsdp": sharded,
+    "moe": experts,
+    "pipe": pipeline,
+    "vocab": vocabulary,
 }
 
 
