@@ -924,6 +924,9 @@ class CachingAllocator(StreamEvents[Block], StatsMethods[DeviceStats], SharedAre
         super()._process_events()
 
     def _insert_capture_deferred(self) -> None:
+        """Record the events of the frees set aside while a routing was underway."""
+        if not self._capture_deferred:  # the usual case: no new list on every event step
+            return
         deferred, self._capture_deferred = self._capture_deferred, []
         for block in deferred:
             super()._insert_events(block)
