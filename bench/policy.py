@@ -264,6 +264,10 @@ class Policy:
         With ``streams="adopt"``: a miss that would take reserved above the budget first
         joins every run of neighbouring free blocks of different owners into one block (the
         lowest one's owner and free time).
+    adopt_tail : bool
+        With ``streams="adopt"``: where the run a growth found begins with an unmapped block
+        whose predecessor is another stream's free block, that block changes owner (keeping
+        its free time) and the run begins with it.
     """
 
     name: str
@@ -304,6 +308,7 @@ class Policy:
     floor_slack_mul: float = 1.0
     protect_request: bool = False
     join_owners: bool = False
+    adopt_tail: bool = False
 
 
 ACCELRT = Policy(
@@ -344,6 +349,7 @@ ACCELRT3 = dataclasses.replace(
     adapt_for_larger=True,
     protect_request=True,
     join_owners=True,
+    adopt_tail=True,
 )
 """The candidate for ``policy:accelrt`` (docs/policy-design.md): ``accelrt2``, and a move for a
 map of at least a third of reserved raises the budget by that map's bytes (up to 10% of H),
@@ -941,6 +947,18 @@ class Arena:
                 start, run_end = st, a
                 break
         assert start is not None and run_end is not None, "arena address space exhausted"
+        prev = self.end.get(start)
+        if (
+            self.dev.policy.adopt_tail
+            and state[start] == S_UNMAPPED
+            and prev is not None
+            and state.get(prev) == S_FREE
+            and owner[prev] != stream
+        ):  # another stream's free block just below the run: adopted, the run starts there
+            when = self.ftime[prev]
+            self._add(prev, self._remove(prev)[0], S_FREE, stream, when)
+            self.dev.adoptions += 1
+            start = prev
         page = self.page
         # map the unmapped blocks of the run, up to the page holding the last byte
         while True:

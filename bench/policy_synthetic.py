@@ -1,7 +1,7 @@
-"""Issue 23 on traces nobody recorded: the policies on generated workloads of eight families.
+"""Issue 23 on traces nobody recorded: the policies on generated workloads of nine families.
 
 ``bench/policy.py`` measures the policies on the real traces we hold; the issue will also be
-judged on traces we have not seen. This benchmark generates seeded workloads of eight families,
+judged on traces we have not seen. This benchmark generates seeded workloads of nine families,
 each on one stream and on three, and replays every one under PyTorch's defaults,
 ``expandable_segments:True`` and ``policy:accelrt`` on the simulated device (through
 ``accelrt.replay.replay``, the real allocator):
@@ -26,6 +26,9 @@ each on one stream and on three, and replays every one under PyTorch's defaults,
 - ``vocab``: language-model training with a large vocabulary: each step's logits (and their
   float32 copy and gradient), several GiB at long sequences, come at the end of a forward of
   a sequence length drawn anew.
+- ``midrun``: a recording that started mid-run, replayed as a snapshot is: the blocks live at
+  its start (hundreds, of 1 KiB to 64 MiB, on every stream) are allocated first, one after
+  another; half of them are freed early, then a training loop runs among the rest.
 
 Printed: for each workload, peak reserved / peak requested (1.0 is the floor) under each
 setting, and ``policy:accelrt``'s map calls against expandable segments'; per family, the
@@ -282,6 +285,27 @@ def vocabulary(rng: np.random.Generator, streams: int) -> list[Event]:
     return out.events
 
 
+def mid_run(rng: np.random.Generator, streams: int) -> list[Event]:
+    """A recording started mid-run: 200-599 blocks live at its start (see the module
+    docstring), then eight iterations of 60 activations freed in reverse order."""
+    out = Recorder()
+    live = [
+        out.alloc(size, int(rng.integers(streams)))
+        for size in log_uniform(rng, int(rng.integers(200, 600)), 10, 26)
+    ]
+    rng.shuffle(live)
+    for address in live[: len(live) // 2]:
+        out.free(address)
+    for _ in range(8):
+        activations = []
+        for size in log_uniform(rng, 60, 12, 26):
+            stream = int(rng.integers(streams))
+            activations.append((out.alloc(size, stream), stream))
+        for address, stream in reversed(activations):
+            out.free(address, stream)
+    return out.events
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
     "train": training,
     "kv": kv_cache,
@@ -291,6 +315,7 @@ FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
     "moe": experts,
     "pipe": pipeline,
     "vocab": vocabulary,
+    "midrun": mid_run,
 }
 
 

@@ -66,6 +66,27 @@ def test_a_stream_adopts_another_streams_free_block() -> None:
     assert pytorch.memory_stats()["num_device_alloc"] == 2
 
 
+def test_a_growth_starts_at_another_streams_free_block_below_the_unmapped_pages() -> None:
+    """Stream 0's 4 MiB maps 20 MiB, leaving 16 MiB free above it; the side stream's 30 MiB
+    fits no free block, so the arena grows, and the run starts at stream 0's free 16 MiB
+    (adopted: one event) instead of leaving it as a hole below the side's pages (16.2 step
+    4): 20 MiB more mapped, 40 in all, where starting above it would have mapped 34."""
+    backend, alloc = allocator("policy:accelrt")
+    side = backend.stream_create(0, 0)
+    a = alloc.malloc(4 * MiB, 0)
+    b = alloc.malloc(30 * MiB, side)
+    assert b.address == a.address + 4 * MiB and b.stream == side
+    assert alloc.policy_counters["adoptions"] == 1
+    stats = alloc.memory_stats()
+    assert stats["num_device_alloc"] == 2 and stats["reserved_bytes.all.current"] == 40 * MiB
+    [(_, blocks)] = alloc.segments()
+    assert [(blk.size, blk.stream, blk.allocated, blk.mapped) for blk in blocks[:3]] == [
+        (4 * MiB, 0, True, True),
+        (30 * MiB, side, True, True),
+        (6 * MiB, side, False, True),  # the rest of the adopted block and the new pages
+    ]
+
+
 def test_one_arena_holds_blocks_of_several_streams() -> None:
     backend, alloc = allocator("policy:accelrt")
     side = backend.stream_create(0, 0)

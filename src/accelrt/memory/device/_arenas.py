@@ -12,7 +12,8 @@ free list (the compiled core serves them). This module runs only on misses:
    when the request would take reserved memory above the **budget** (below), neighbouring
    free blocks of different owners are first joined into one (``_join_owners``);
 2. **grow** the arena as expandable segments grow (the first run of own free and unmapped
-   blocks that holds the request), mapping whole 2 MiB pages, large arenas up to the next
+   blocks that holds the request, starting at another stream's free block just below it,
+   adopted, where there is one), mapping whole 2 MiB pages, large arenas up to the next
    ``large_segment_size`` boundary while reserved memory stays within the growth cap;
 3. for a map that would take reserved memory above the **budget**, first **reclaim** the idle
    pages of cached free blocks (oldest stamp first, own pool first), unmapping them to map the
@@ -264,11 +265,12 @@ class SharedArenas:
 
     def _arena_run(self, pool: BlockPool, size: int, stream: int) -> Block | None:
         """The first block of the lowest-address run of free blocks of ``stream`` and
-        unmapped blocks that holds ``size`` bytes, in a new arena if none has room; None when
-        no address space is left."""
+        unmapped blocks that holds ``size`` bytes (begun at another stream's free block just
+        below it, adopted, if there is one), in a new arena if none has room; None when no
+        address space is left."""
         found = pool.first_run(stream, size, SHARED_STREAM)
         if found is not None:
-            return found
+            return self._adopt_tail(pool, found, stream)
         segment = self._source.reserve(SHARED_STREAM, pool, PAGE)
         if segment is None:
             return None
@@ -282,6 +284,22 @@ class SharedArenas:
         block.mapped = False
         pool.insert_unmapped(block)
         return block
+
+    def _adopt_tail(self, pool: BlockPool, start: Block, stream: int) -> Block:
+        """``start``, or, where it is unmapped and the block before it is another stream's
+        free block, that block, adopted by ``stream`` as :meth:`_adopt` does (the run then
+        begins with it: 16.2 step 4)."""
+        if start.mapped:
+            return start
+        before = start.prev
+        if before is None or not before.mapped or not before.is_free() or before.stream == stream:
+            return start
+        self._order_after(before.stream, stream)
+        pool.remove(before)
+        before.stream = stream
+        pool.insert(before)
+        self.policy_counters["adoptions"] += 1
+        return before
 
     @staticmethod
     def _unmapped_at(pool: BlockPool, address: int) -> Block:
