@@ -74,9 +74,18 @@ def test_a_growth_starts_at_another_streams_free_block_below_the_unmapped_pages(
     backend, alloc = allocator("policy:accelrt")
     side = backend.stream_create(0, 0)
     a = alloc.malloc(4 * MiB, 0)
+    waits: list[tuple[int, int]] = []
+    wait_event = backend.stream_wait_event
+
+    def spy(index: int, stream: int, event: object) -> None:
+        waits.append((index, stream))
+        wait_event(index, stream, event)
+
+    backend.stream_wait_event = spy  # type: ignore[method-assign]
     b = alloc.malloc(30 * MiB, side)
     assert b.address == a.address + 4 * MiB and b.stream == side
     assert alloc.policy_counters["adoptions"] == 1
+    assert waits == [(0, side)]  # the side stream waits for stream 0's work on the device
     stats = alloc.memory_stats()
     assert stats["num_device_alloc"] == 2 and stats["reserved_bytes.all.current"] == 40 * MiB
     [(_, blocks)] = alloc.segments()
