@@ -1,6 +1,8 @@
 """Builds accelrt's compiled modules with Cython: the allocator's hit path
-(src/accelrt/memory/device/_native.pyx) and the streams' per-call methods (src/accelrt/_stream_ops.py,
-plain Python compiled as it is in Cython's pure-Python mode, typed by _stream_ops.pxd).
+(src/accelrt/memory/device/_native.pyx), the public fast path over it (Buffer, empty, copy_:
+src/accelrt/memory/buffers/_native.pyx) and the streams' per-call methods
+(src/accelrt/_stream_ops.py, plain Python compiled as it is in Cython's pure-Python mode, typed
+by _stream_ops.pxd).
 
 Everything else about the package is in pyproject.toml. The extensions are optional: when one
 cannot be built (no C/C++ compiler), installation goes on and accelrt runs its Python twin,
@@ -38,6 +40,11 @@ extensions = [
         ["src/accelrt/memory/device/_native.pyx"],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17"],
+    ),
+    Extension(
+        "accelrt.memory.buffers._native",
+        ["src/accelrt/memory/buffers/_native.pyx"],
+        extra_compile_args=["-O3"],
     ),
     Extension(
         "accelrt._stream_ops",

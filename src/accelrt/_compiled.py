@@ -1,10 +1,11 @@
 """Whether accelrt's compiled modules run: one switch for all of them.
 
 ``pip install`` builds the compiled modules where it can: the allocator's hit path
-(memory/device/_native.pyx, with a Python twin) and the streams' per-call methods (_stream_ops.py,
-one Python source that Cython compiles as it is). The Python code runs where they were not
-built, or everywhere when ``ACCELRT_PURE_PYTHON`` is set to a true value (docs/design.md,
-"Two cores").
+(memory/device/_native.pyx, with a Python twin), the public fast path over it
+(memory/buffers/_native.pyx: ``Buffer``, ``empty``, ``copy_``, with Python twins) and the
+streams' per-call methods (_stream_ops.py, one Python source that Cython compiles as it is).
+The Python code runs where they were not built, or everywhere when ``ACCELRT_PURE_PYTHON`` is
+set to a true value (docs/design.md, "Two cores").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``accelrt.copy_`` on the compiled core gives what the Python reference gives, case by case
 and on generated host arrays.
 
-With the compiled core, ``copy_`` is memory/device/_native.pyx's fast path: it takes the common
+With the compiled core, ``copy_`` is memory/buffers/_native.pyx's fast path: it takes the common
 copies itself and hands every other call (a HostBuffer, any error) to the Python function in
 memory/_api.py. Each case below runs through both on fresh, identical operands and must end
 the same way: the same bytes in the destination, or the same error. On the pure-Python core
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import accelrt as acc
 from accelrt.memory import _api
+from accelrt.memory.buffers import _buffer
 from accelrt.memory.device import _core
 
 N = 64  # bytes of every operand
@@ -151,10 +152,12 @@ def test_compiled_copy_matches_the_reference(device: str, case: str) -> None:
 
 
 def test_compiled_copy_is_in_use() -> None:
-    if _core.native is None:
+    if _core.native is None:  # the Python core: no compiled fast path either
+        assert _buffer.native is None
         assert acc.copy_ is _api._copy_reference
     else:
-        assert acc.copy_ is _core.native.copy_
+        assert _buffer.native is not None
+        assert acc.copy_ is _buffer.native.copy_
         assert acc.copy_.__doc__ == _api._copy_reference.__doc__
 
 

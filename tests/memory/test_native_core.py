@@ -261,11 +261,12 @@ def test_arena_lookups_agree_on_both_cores() -> None:
 def test_compiled_buffer_adopts_the_most_derived_python_definitions() -> None:
     # Buffer's Python-level part overrides some of MemoryHandle's (CUDA-aware DLPack): the
     # compiled type must get the override, as a Python subclass would.
-    from accelrt.memory.buffers._buffer import MemoryHandle, _BufferAPI
+    from accelrt.memory.buffers._buffer import MemoryHandle, _BufferAPI, native
 
-    compiled = vars(_core.native.Buffer)  # type: ignore[union-attr]
+    assert native is not None  # the compiled fast path runs with the compiled core
+    compiled = vars(native.Buffer)
     for name in ("__dlpack__", "__dlpack_device__", "_host_memory", "device", "__repr__"):
         assert compiled[name] is vars(_BufferAPI)[name]
     for name in ("freed", "numpy", "__enter__", "__exit__", "__reduce_ex__"):
         assert compiled[name] is vars(MemoryHandle)[name]
-    assert _core.native.Buffer.__doc__ == _BufferAPI.__doc__  # type: ignore[union-attr]
+    assert native.Buffer.__doc__ == _BufferAPI.__doc__

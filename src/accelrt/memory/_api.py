@@ -16,7 +16,8 @@ from .._stream import Stream, _current, current_stream
 from ._atomic import PENDING, deliver, register
 from ._config import AllocatorConfig
 from .buffers._buffer import Buffer
-from .device import _core, _registry
+from .buffers._buffer import native as _fast
+from .device import _registry
 from .device._core import CachingAllocator
 from .device._requests import _as_size
 from .host._buffer import HostBuffer
@@ -106,12 +107,12 @@ def empty(nbytes: int, *, device: DeviceLike = None, stream: Stream | None = Non
 
 register(empty)
 
-if not TYPE_CHECKING and _core.native is not None:
+if not TYPE_CHECKING and _fast is not None:
     # The compiled form takes the common call, empty(n), without a Python frame; it falls
-    # back to the function above for every other call (memory/device/_native.pyx).
-    _core.native.install_empty(_runtime, empty)
-    _core.native.empty.__doc__ = empty.__doc__
-    empty = _core.native.empty
+    # back to the function above for every other call (memory/buffers/_native.pyx).
+    _fast.install_empty(_runtime, empty)
+    _fast.empty.__doc__ = empty.__doc__
+    empty = _fast.empty
 
 
 def record_stream(buffer: Buffer | HostBuffer, stream: Stream) -> None:
@@ -267,12 +268,12 @@ def copy_(dst: Any, src: Any, *, stream: Stream | None = None) -> Any:
 
 _copy_reference = copy_  # the Python function, on either core (tests compare the two)
 
-if not TYPE_CHECKING and _core.native is not None:
+if not TYPE_CHECKING and _fast is not None:
     # The compiled form takes the common copies without a Python frame; it falls back to the
-    # function above for every other call (memory/device/_native.pyx).
-    _core.native.install_copy(copy_, _current, Stream, HostBuffer)
-    _core.native.copy_.__doc__ = copy_.__doc__
-    copy_ = _core.native.copy_
+    # function above for every other call (memory/buffers/_native.pyx).
+    _fast.install_copy(copy_, _current, Stream, HostBuffer)
+    _fast.copy_.__doc__ = copy_.__doc__
+    copy_ = _fast.copy_
 
 
 def get_allocator(device: DeviceLike = None) -> CachingAllocator:

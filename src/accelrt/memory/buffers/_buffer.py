@@ -1,6 +1,6 @@
 """``Buffer``: device memory from the caching allocator (pointer, size, device, stream).
 
-Compiled twin: device/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields and the
+Compiled twin: buffers/_native.pyx ``Buffer`` repeats ``_BufferFields`` (the fields and the
 finaliser) and ``MemoryHandle.free``, and adopts ``_BufferAPI`` at import; change both
 (docs/design.md, "Pairs").
 """
@@ -11,9 +11,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, SupportsIndex, TypeVar
 
+from ..._compiled import load
 from ..._device import Device
 from .._atomic import PENDING, deliver, register
-from ..device._core import native
+from ..device import _core
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from ..device._block import Block
 
 __all__ = ["ArrayOwner", "Buffer", "ExportPin", "FreedWhenCollected", "MemoryHandle"]
+
+#: buffers/_native.pyx (``Buffer``, ``empty``, ``copy_`` compiled) where the allocator's compiled
+#: core runs, else None
+native = None if _core.native is None else load("accelrt.memory.buffers._native")[0]
 
 _H = TypeVar("_H", bound="MemoryHandle")
 _B = TypeVar("_B", covariant=True)
@@ -302,7 +307,7 @@ class ExportPin(FreedWhenCollected):
 
 class _BufferFields(FreedWhenCollected):
     """The fields and finaliser of :class:`Buffer` in Python, where the compiled core does not
-    run (its ``free`` is ``MemoryHandle``'s; elsewhere ``Buffer`` is memory/device/_native.pyx's
+    run (its ``free`` is ``MemoryHandle``'s; elsewhere ``Buffer`` is memory/buffers/_native.pyx's
     compiled type, this class's twin, given the Python-level part, ``_BufferAPI``)."""
 
     __slots__ = ("__weakref__", "_allocator", "_block", "_pin", "_stream", "nbytes", "ptr")
@@ -323,7 +328,7 @@ class _BufferFields(FreedWhenCollected):
 
 
 # Buffer's Python-level part, written once for both cores: the Python Buffer below derives
-# from it; the compiled one adopts it (memory/device/_native.pyx ``adopt``). Its docstring
+# from it; the compiled one adopts it (memory/buffers/_native.pyx ``adopt``). Its docstring
 # is Buffer's.
 class _BufferAPI(MemoryHandle):
     """A block of device memory handed out by ``accelrt.empty``.
@@ -601,6 +606,6 @@ if TYPE_CHECKING or native is None:
         __doc__ = _BufferAPI.__doc__
         __slots__ = ()
 
-else:  # the compiled type, given the Python-level part above (memory/device/_native.pyx)
+else:  # the compiled type, given the Python-level part above (memory/buffers/_native.pyx)
     Buffer = native.Buffer
     native.adopt(Buffer, _BufferAPI)
