@@ -1,7 +1,7 @@
-"""Issue 23 on traces nobody recorded: the policies on generated workloads of nine families.
+"""Issue 23 on traces nobody recorded: the policies on generated workloads of eleven families.
 
 ``bench/policy.py`` measures the policies on the real traces we hold; the issue will also be
-judged on traces we have not seen. This benchmark generates seeded workloads of nine families,
+judged on traces we have not seen. This benchmark generates seeded workloads of eleven families,
 each on one stream and on three, and replays every one under PyTorch's defaults,
 ``expandable_segments:True`` and ``policy:accelrt`` on the simulated device (through
 ``accelrt.replay.replay``, the real allocator):
@@ -29,6 +29,10 @@ each on one stream and on three, and replays every one under PyTorch's defaults,
 - ``midrun``: a recording that started mid-run, replayed as a snapshot is: the blocks live at
   its start (hundreds, of 1 KiB to 64 MiB, on every stream) are allocated first, one after
   another; half of them are freed early, then a training loop runs among the rest.
+- ``small``: random lifetimes of mostly small blocks (97% of 512 bytes to 1 MiB, up to 2,500
+  live), whose free pieces are spread over many 2 MiB pages.
+- ``rlhf``: rounds of generation (key/value caches growing on the default stream) alternating
+  with training steps, as reinforcement learning from human feedback runs them.
 
 Printed: for each workload, peak reserved / peak requested (1.0 is the floor) under each
 setting, and ``policy:accelrt``'s map calls against expandable segments'; per family, the
@@ -133,11 +137,18 @@ def kv_cache(rng: np.random.Generator, streams: int) -> list[Event]:
 
 
 def _random_frees(
-    rng: np.random.Generator, streams: int, steps: int, free_share: float, most_live: int, top: int
+    rng: np.random.Generator,
+    streams: int,
+    steps: int,
+    free_share: float,
+    most_live: int,
+    top: int,
+    small_share: float = 0.0,
 ) -> list[Event]:
     """``steps`` steps, each freeing a random live allocation (with probability
     ``free_share``, and always at ``most_live`` live) or allocating one of 1 KiB to 2**top
-    bytes."""
+    bytes; with ``small_share``, that share of the allocations are small blocks instead (512
+    bytes to 1 MiB) and the rest 2 MiB to 2**top bytes."""
     out = Recorder()
     live: list[tuple[int, int]] = []
     for _ in range(steps):
@@ -146,7 +157,10 @@ def _random_frees(
             out.free(address, stream)
         else:
             stream = int(rng.integers(streams))
-            live.append((out.alloc(log_uniform(rng, 1, 10, top)[0], stream), stream))
+            low, high = 10, top
+            if small_share:
+                low, high = (9, 20) if rng.random() < small_share else (21, top)
+            live.append((out.alloc(log_uniform(rng, 1, low, high)[0], stream), stream))
     return out.events
 
 
@@ -160,6 +174,12 @@ def busy(rng: np.random.Generator, streams: int) -> list[Event]:
     """20,000 steps, each freeing a random live allocation (half the time, and always at
     3,000 live) or allocating one of 1 KiB to 64 MiB."""
     return _random_frees(rng, streams, 20000, 0.5, 3000, 26)
+
+
+def small_blocks(rng: np.random.Generator, streams: int) -> list[Event]:
+    """6,000 steps, each freeing a random live allocation (48%, and always at 2,500 live) or
+    allocating one: 97% of them 512 bytes to 1 MiB, the rest 2 to 64 MiB."""
+    return _random_frees(rng, streams, 6000, 0.48, 2500, 26, small_share=0.97)
 
 
 def sharded(rng: np.random.Generator, streams: int) -> list[Event]:
@@ -306,6 +326,32 @@ def mid_run(rng: np.random.Generator, streams: int) -> list[Event]:
     return out.events
 
 
+def generation_and_training(rng: np.random.Generator, streams: int) -> list[Event]:
+    """Four rounds of generation (60 steps over 4-11 growing caches, with temporaries) and a
+    training step (50 activations freed in reverse order) (see the module docstring)."""
+    out = Recorder()
+    for size in log_uniform(rng, 30, 18, 27):  # parameters
+        out.alloc(size)
+    for _ in range(4):
+        caches = [(out.alloc(4 * MIB), 4 * MIB) for _ in range(int(rng.integers(4, 12)))]
+        for _ in range(60):
+            index = int(rng.integers(len(caches)))
+            old, size = caches[index]
+            grown = size + int(rng.integers(1, 4)) * (MIB // 2)
+            caches[index] = (out.alloc(grown), grown)
+            out.free(old)
+            out.free(out.alloc(int(rng.integers(1, 32)) * 65536))
+        for address, _ in caches:
+            out.free(address)
+        activations = []
+        for size in log_uniform(rng, 50, 16, 27):
+            stream = int(rng.integers(streams))
+            activations.append((out.alloc(size, stream), stream))
+        for address, stream in reversed(activations):
+            out.free(address, stream)
+    return out.events
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
     "train": training,
     "kv": kv_cache,
@@ -316,6 +362,8 @@ FAMILIES: dict[str, Callable[[np.random.Generator, int], list[Event]]] = {
     "pipe": pipeline,
     "vocab": vocabulary,
     "midrun": mid_run,
+    "small": small_blocks,
+    "rlhf": generation_and_training,
 }
 
 
