@@ -186,7 +186,7 @@ cdef extern from *:
     uint64_t accelrt_thread_id()
 
 
-cdef _Current _cached_current():
+cdef inline _Current _cached_current():
     """This thread's cache for :func:`empty`, or None."""
     global _last_thread, _last_current
     cdef uint64_t thread = accelrt_thread_id()
