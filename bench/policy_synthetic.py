@@ -305,6 +305,24 @@ def vocabulary(rng: np.random.Generator, streams: int) -> list[Event]:
     return out.events
 
 
+def _forward_backward(
+    out: Recorder,
+    rng: np.random.Generator,
+    streams: int,
+    count: int,
+    low_log2: float,
+    high_log2: float,
+) -> None:
+    """``count`` activations of log-uniform sizes, each on a stream drawn at random, freed in
+    reverse order."""
+    activations = []
+    for size in log_uniform(rng, count, low_log2, high_log2):
+        stream = int(rng.integers(streams))
+        activations.append((out.alloc(size, stream), stream))
+    for address, stream in reversed(activations):
+        out.free(address, stream)
+
+
 def mid_run(rng: np.random.Generator, streams: int) -> list[Event]:
     """A recording started mid-run: 200-599 blocks live at its start (see the module
     docstring), then eight iterations of 60 activations freed in reverse order."""
@@ -317,12 +335,7 @@ def mid_run(rng: np.random.Generator, streams: int) -> list[Event]:
     for address in live[: len(live) // 2]:
         out.free(address)
     for _ in range(8):
-        activations = []
-        for size in log_uniform(rng, 60, 12, 26):
-            stream = int(rng.integers(streams))
-            activations.append((out.alloc(size, stream), stream))
-        for address, stream in reversed(activations):
-            out.free(address, stream)
+        _forward_backward(out, rng, streams, 60, 12, 26)
     return out.events
 
 
@@ -343,12 +356,7 @@ def generation_and_training(rng: np.random.Generator, streams: int) -> list[Even
             out.free(out.alloc(int(rng.integers(1, 32)) * 65536))
         for address, _ in caches:
             out.free(address)
-        activations = []
-        for size in log_uniform(rng, 50, 16, 27):
-            stream = int(rng.integers(streams))
-            activations.append((out.alloc(size, stream), stream))
-        for address, stream in reversed(activations):
-            out.free(address, stream)
+        _forward_backward(out, rng, streams, 50, 16, 27)
     return out.events
 
 
