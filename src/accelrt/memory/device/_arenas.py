@@ -186,9 +186,7 @@ class SharedArenas:
                     break
         if best is None:
             return None
-        self._order_after(best.stream, stream)
-        pool.remove(best)
-        best.stream = stream
+        self._take_over(pool, best, stream)
         remaining = best.size - size
         whole = pool.pool_id != DEFAULT_POOL_ID and self._pool_no_split(pool.pool_id)
         if remaining >= K_MIN_BLOCK_SIZE and not whole:
@@ -199,8 +197,16 @@ class SharedArenas:
             self._clock += 1
             rest.stamp = self._clock
             pool.insert(rest)
-        self.policy_counters["adoptions"] += 1
         return best
+
+    def _take_over(self, pool: BlockPool, block: Block, stream: int) -> None:
+        """Adopt ``block``, another stream's free block of ``pool``, for ``stream``: ``stream``
+        waits on the device for the owner's work, and the block leaves the pool, owned by
+        ``stream`` (its stamp kept); counted in ``policy_counters["adoptions"]``."""
+        self._order_after(block.stream, stream)
+        pool.remove(block)
+        block.stream = stream
+        self.policy_counters["adoptions"] += 1
 
     def _order_after(self, owner: int, stream: int) -> None:
         """Make ``stream`` wait, on the device, for the work queued so far on ``owner``."""
@@ -287,18 +293,15 @@ class SharedArenas:
 
     def _adopt_tail(self, pool: BlockPool, start: Block, stream: int) -> Block:
         """``start``, or, where it is unmapped and the block before it is another stream's
-        free block, that block, adopted by ``stream`` as :meth:`_adopt` does (the run then
-        begins with it: 16.2 step 4)."""
+        free block, that block, taken over by ``stream`` (the run then begins with it: 16.2
+        step 4)."""
         if start.mapped:
             return start
         before = start.prev
         if before is None or not before.mapped or not before.is_free() or before.stream == stream:
             return start
-        self._order_after(before.stream, stream)
-        pool.remove(before)
-        before.stream = stream
-        pool.insert(before)
-        self.policy_counters["adoptions"] += 1
+        self._take_over(pool, before, stream)
+        pool.insert(before)  # back in the pool, now in the request stream's list
         return before
 
     @staticmethod
