@@ -73,14 +73,8 @@ def current_accelerator(check_available: bool = False) -> Device | None:
 def current_device_index() -> int:
     """Return this thread's current device index (0 until set).
 
-    Raises
-    ------
-    RuntimeError
-        If there is no accelerator.
-
-    Notes
-    -----
-    Mirrors ``torch.accelerator.current_device_index``.
+    Raises ``RuntimeError`` if there is no accelerator. Mirrors
+    ``torch.accelerator.current_device_index``.
     """
     return _runtime.current_index(_runtime.require_accelerator())
 

@@ -39,6 +39,26 @@ CAPTURING: set[Stream] = set()
 handle, so any ``Stream`` of the same handle is found)."""
 
 
+def _foreign_backend(
+    handle: object, device: DeviceLike, name: str, kind: str, plural: str
+) -> tuple[Backend, int]:
+    """The backend and index of ``device`` for ``Stream.from_handle`` of ``handle``, a foreign
+    ``kind`` of object (``plural`` in the message, e.g. ``"CUDA streams"``) that only backend
+    ``name`` wraps.
+
+    Raises ``TypeError`` naming the object, the device and the backend to use if the device's
+    backend is another; otherwise as ``resolve_device``.
+    """
+    backend, index = _runtime.resolve_device(device)
+    if backend.name != name:
+        raise TypeError(
+            f"{type(handle).__name__} is a {kind}, but the device is "
+            f"{Device(backend.name, index)}; {plural} wrap only on the {name!r} backend "
+            f"(acc.backends.use({name!r}))"
+        )
+    return backend, index
+
+
 class Stream(StreamCore):
     """A queue of device work that runs in order; work on different streams may overlap.
 
@@ -128,13 +148,9 @@ class Stream(StreamCore):
         keep it (or its library's stream) alive while the ``Stream`` is used.
         """
         if not isinstance(handle, int) and hasattr(handle, "__cuda_stream__"):
-            backend, index = _runtime.resolve_device(device)
-            if backend.name != "cuda":
-                raise TypeError(
-                    f"{type(handle).__name__} is a CUDA stream (it has __cuda_stream__), but the "
-                    f"device is {Device(backend.name, index)}; CUDA streams wrap only on the "
-                    "'cuda' backend (acc.backends.use('cuda'))"
-                )
+            backend, index = _foreign_backend(
+                handle, device, "cuda", "CUDA stream (it has __cuda_stream__)", "CUDA streams"
+            )
             return cls._wrap(backend, index, _cuda_stream_handle(handle))
         if type(handle).__module__.partition(".")[0] == "dpctl":
             return cls._from_sycl_queue(handle, device)
@@ -151,13 +167,9 @@ class Stream(StreamCore):
     @classmethod
     def _from_sycl_queue(cls, queue: object, device: DeviceLike) -> Stream:
         """``from_handle`` of a ``dpctl.SyclQueue``: the ``xpu`` stream over that queue."""
-        backend, index = _runtime.resolve_device(device)
-        if backend.name != "xpu":
-            raise TypeError(
-                f"{type(queue).__name__} is a dpctl (SYCL) object, but the device is "
-                f"{Device(backend.name, index)}; SYCL queues wrap only on the 'xpu' backend "
-                "(acc.backends.use('xpu'))"
-            )
+        backend, index = _foreign_backend(
+            queue, device, "xpu", "dpctl (SYCL) object", "SYCL queues"
+        )
         adopt = backend.adopt_queue  # type: ignore[attr-defined]
         return cls._wrap(backend, index, adopt(index, queue))
 
@@ -414,16 +426,12 @@ class Event:
             self._backend.event_synchronize(self._handle)
 
     def elapsed_time(self, end_event: Event) -> float:
-        """Return the milliseconds between this event and ``end_event``.
+        """Return the milliseconds between this event and ``end_event``, a float.
 
-        Raises
-        ------
-        TypeError
-            If ``end_event`` is not an ``Event``.
-        ValueError
-            If either event was created without ``enable_timing=True``, either has not been
-            recorded, or they were recorded on different devices (as PyTorch refuses). Waits
-            for ``end_event`` to complete first.
+        Waits for ``end_event`` to complete first. Raises ``TypeError`` if ``end_event`` is not
+        an ``Event``, and ``ValueError`` if either event was created without
+        ``enable_timing=True``, either has not been recorded, or they were recorded on
+        different devices (as PyTorch refuses).
         """
         _check_event(end_event, "elapsed_time")
         if not (self._enable_timing and end_event._enable_timing):
@@ -499,23 +507,11 @@ def _set_current(stream: Stream) -> None:
 
 
 def current_stream(device: DeviceLike = None) -> Stream:
-    """Return this thread's current stream of a device (its default stream until set).
+    """Return this thread's current stream of ``device`` (its default stream until set).
 
-    Parameters
-    ----------
-    device : int, str, Device or None
-        The device; None for the current device.
-
-    Raises
-    ------
-    RuntimeError
-        If there is no accelerator.
-    TypeError, ValueError
-        For a bad device argument.
-
-    Notes
-    -----
-    Mirrors ``torch.accelerator.current_stream``.
+    ``device`` is an int, a str, a ``Device``, or None for the current device. Raises
+    ``RuntimeError`` if there is no accelerator, ``TypeError`` or ``ValueError`` for a bad
+    device argument. Mirrors ``torch.accelerator.current_stream``.
     """
     if device is None:  # the common call: this thread's answer, while nothing has changed
         cached = _local.current

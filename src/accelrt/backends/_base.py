@@ -21,7 +21,7 @@ import importlib
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeAlias, TypeVar, runtime_checkable
 
@@ -47,6 +47,7 @@ __all__ = [
     "dtypes",
     "get_backend",
     "registered_backends",
+    "choose_visible",
     "visible_devices",
 ]
 
@@ -74,6 +75,7 @@ made it (the ``cuda`` backend's ``CUgraph`` and ``CUgraphExec``); unchecked, as 
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_T = TypeVar("_T")
 
 
 def dtypes(names: Iterable[str]) -> frozenset[DType]:
@@ -292,6 +294,16 @@ class GraphCapture(Protocol):
 
     A backend without these methods cannot capture: ``accelrt.Graph`` raises a
     ``RuntimeError`` naming it. Graphs and executable graphs are opaque objects.
+
+    The methods follow CUDA's stream capture and graph calls (``cuStreamBeginCapture`` ...
+    ``cuGraphLaunch``, ``cuGraphDebugDotPrint``); ``index`` is a device index the caller has
+    range-checked, ``stream`` a stream handle from ``stream_create``. A third-party backend
+    implements them to make ``accelrt.Graph`` work on its devices;
+    ``isinstance(backend, GraphCapture)`` checks that the methods exist (not their
+    signatures). A method raises ``ValueError`` for a bad argument (a ``mode`` other than
+    ``"global"``, ``"thread_local"`` or ``"relaxed"``) and ``accelrt.AcceleratorError`` (the
+    ``cuda`` backend's ``CUDAError``) when the driver refuses; ``accelrt.Graph`` lets both
+    through.
     """
 
     def graph_capture_begin(self, index: int, stream: int, mode: str) -> None:
@@ -432,6 +444,19 @@ def visible_devices(physical_count: int) -> list[int]:
             break
         chosen.append(index)
     return chosen
+
+
+def choose_visible(
+    found: Sequence[_T], reason: str | None, kind: str
+) -> tuple[list[_T], str | None]:
+    """Return the devices of ``found`` that ``ACCELRT_VISIBLE_DEVICES`` exposes (in its order;
+    see :func:`visible_devices`) and why there are none: the probe's ``reason`` (None when it
+    found some), or that the variable hides all of them (``kind`` names the devices, e.g.
+    ``"CUDA"``, in that message). Warns as :func:`visible_devices` does."""
+    chosen = [found[i] for i in visible_devices(len(found))]
+    if found and not chosen:
+        reason = f"{ENV_VISIBLE_DEVICES} hides all {len(found)} {kind} device(s)"
+    return chosen, reason
 
 
 _lock = threading.Lock()

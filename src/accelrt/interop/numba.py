@@ -171,15 +171,9 @@ def _finalizer(buffer: Buffer) -> _Release:
 def use_accelrt_allocator() -> None:
     """Make Numba allocate device memory from accelrt (``numba.cuda.set_memory_manager``).
 
-    Raises
-    ------
-    ImportError
-        If Numba is not installed (the message names the pip package).
-
-    Notes
-    -----
     Call it before Numba creates its CUDA context (before the first device array or kernel
-    launch), as Numba requires for any EMM plugin.
+    launch), as Numba requires for any EMM plugin. Raises ``ImportError`` if Numba is not
+    installed; the message names the pip package.
     """
     _numba_cuda().set_memory_manager(_manager_class())
 

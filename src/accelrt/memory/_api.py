@@ -8,7 +8,7 @@ nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _runtime
 from .._device import DeviceLike
@@ -277,18 +277,11 @@ if not TYPE_CHECKING and _fast is not None:
 
 
 def get_allocator(device: DeviceLike = None) -> CachingAllocator:
-    """Return the caching allocator of a device, creating it on first use.
+    """Return the one ``CachingAllocator`` of ``device``, creating it on first use.
 
-    Parameters
-    ----------
-    device : int, str, Device or None
-        The device; None for the current device.
-
-    Returns
-    -------
-    CachingAllocator
-        The one allocator of that device (its ``malloc``/``free`` take backend stream
-        handles); for tools, replays and benchmarks that work below ``empty``.
+    ``device`` is an int, a str, a ``Device``, or None for the current device. The allocator's
+    ``malloc``/``free`` take backend stream handles: it is for tools, replays and benchmarks
+    that work below ``empty``.
 
     Raises
     ------
@@ -340,36 +333,41 @@ def memory_stats(device: DeviceLike = None) -> dict[str, int]:
     return _stats_of(device)
 
 
-def memory_allocated(device: DeviceLike = None) -> int:
-    """Return the bytes currently allocated (``allocated_bytes.all.current``); 0 before use.
-
-    Mirrors ``torch.accelerator.memory_allocated``. Raises as ``memory_stats``.
-    """
-    return _stats_of(device).get("allocated_bytes.all.current", 0)
+class _StatReader(Protocol):
+    def __call__(self, device: DeviceLike = None) -> int: ...
 
 
-def max_memory_allocated(device: DeviceLike = None) -> int:
-    """Return the peak of allocated bytes since start or the last peak reset; 0 before use.
+def _stat_reader(name: str, key: str, what: str) -> _StatReader:
+    """A public function ``name(device=None)`` that returns statistic ``key`` of ``memory_stats``
+    (0 before the device's allocator exists); ``what`` opens its docstring."""
 
-    Mirrors ``torch.accelerator.max_memory_allocated``. Raises as ``memory_stats``.
-    """
-    return _stats_of(device).get("allocated_bytes.all.peak", 0)
+    def read(device: DeviceLike = None) -> int:
+        return _stats_of(device).get(key, 0)
+
+    read.__name__ = read.__qualname__ = name
+    read.__doc__ = (
+        f"Return {what} (``{key}``) as an int; 0 before use.\n\n"
+        f"Mirrors ``torch.accelerator.{name}``. Raises as ``memory_stats``."
+    )
+    return read
 
 
-def memory_reserved(device: DeviceLike = None) -> int:
-    """Return the bytes held from the device (``reserved_bytes.all.current``); 0 before use.
-
-    Mirrors ``torch.accelerator.memory_reserved``. Raises as ``memory_stats``.
-    """
-    return _stats_of(device).get("reserved_bytes.all.current", 0)
-
-
-def max_memory_reserved(device: DeviceLike = None) -> int:
-    """Return the peak of reserved bytes since start or the last peak reset; 0 before use.
-
-    Mirrors ``torch.accelerator.max_memory_reserved``. Raises as ``memory_stats``.
-    """
-    return _stats_of(device).get("reserved_bytes.all.peak", 0)
+memory_allocated = _stat_reader(
+    "memory_allocated", "allocated_bytes.all.current", "the bytes currently allocated"
+)
+max_memory_allocated = _stat_reader(
+    "max_memory_allocated",
+    "allocated_bytes.all.peak",
+    "the peak of allocated bytes since start or the last peak reset",
+)
+memory_reserved = _stat_reader(
+    "memory_reserved", "reserved_bytes.all.current", "the bytes held from the device"
+)
+max_memory_reserved = _stat_reader(
+    "max_memory_reserved",
+    "reserved_bytes.all.peak",
+    "the peak of reserved bytes since start or the last peak reset",
+)
 
 
 def reset_peak_memory_stats(device: DeviceLike = None) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..._device import DeviceProperties
 from ..._lazy import PerDevice
 from ..._text import error_line
-from .._base import STORAGE_DTYPE_NAMES, DType, dtypes, visible_devices
+from .._base import STORAGE_DTYPE_NAMES, DType, choose_visible, dtypes
 from ._driver import (
     CUDA_ERROR_INSUFFICIENT_DRIVER,
     CUDA_ERROR_NO_DEVICE,
@@ -140,10 +140,7 @@ class _Devices(_DriverCalls, PerDevice[_CUDADevice]):
             with self._lock:
                 if self._physical is None:
                     count, reason = self._probe()
-                    physical = visible_devices(count) if count else []
-                    if count and not physical:
-                        reason = f"ACCELRT_VISIBLE_DEVICES hides all {count} CUDA device(s)"
-                    self._reason = reason
+                    physical, self._reason = choose_visible(range(count), reason, "CUDA")
                     self._physical = physical
         return self._physical
 

@@ -46,15 +46,8 @@ class _HostMemory(_Devices):
         return ptr
 
     def host_free(self, index: int, ptr: int) -> None:
-        """``cuMemFreeHost`` of memory from :meth:`host_alloc`.
-
-        Raises
-        ------
-        ValueError
-            If ``ptr`` is not an address ``host_alloc`` returned.
-        CUDAError
-            If the driver fails.
-        """
+        """``cuMemFreeHost`` of memory from :meth:`host_alloc`; raises ``ValueError`` if
+        ``ptr`` is not an address ``host_alloc`` returned, ``CUDAError`` if the driver fails."""
         with self._lock:
             _forget_address(self._host, index, ptr, "host_alloc")
         self._call("cuMemFreeHost", index, ptr)

@@ -65,14 +65,11 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_CLStream, OpenCLEvent]):
     def event_query(self, event: OpenCLEvent) -> bool:
         """True if unrecorded or the marker has completed."""
         marker = event.marker
-        if marker is None:
-            return True
         try:
-            status: int = marker.get_info(_EXECUTION_STATUS)
+            return marker is None or marker.get_info(_EXECUTION_STATUS) == _CL_COMPLETE
         except Exception as exc:
             _raise_driver_error("event_query", exc)
             raise
-        return status == _CL_COMPLETE
 
     def event_synchronize(self, event: OpenCLEvent) -> None:
         """``clWaitForEvents`` on the marker; forget the host objects of the stream's copies

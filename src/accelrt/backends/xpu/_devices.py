@@ -13,7 +13,7 @@ from ..._device import DeviceProperties
 from ..._lazy import made_once
 from ..._stream_ops import NO_VIEW  # the build where there is one (_compiled.py)
 from ..._text import error_line
-from .._base import DType, dtypes, visible_devices
+from .._base import DType, choose_visible, dtypes
 from ._queues import _complete, _XPUStream
 from ._sycl import INSTALL_HINT, _icd_note, _import_dpctl
 
@@ -162,10 +162,7 @@ class _Devices:
             with self._lock:
                 if self._sycl_devices is None:
                     found, reason = self._probe()
-                    chosen = [found[i] for i in visible_devices(len(found))]
-                    if found and not chosen:
-                        reason = f"ACCELRT_VISIBLE_DEVICES hides all {len(found)} XPU device(s)"
-                    self._reason = reason
+                    chosen, self._reason = choose_visible(found, reason, "XPU")
                     self._sycl_devices = chosen
         return self._sycl_devices
 

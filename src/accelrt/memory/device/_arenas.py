@@ -29,23 +29,18 @@ agree byte for byte.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-from ...backends._base import Backend, EventHandle
-from .._config import AllocatorConfig
 from .._policy import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
-from ._block import (
-    DEFAULT_POOL_ID,
-    SHARED_STREAM,
-    AnySegment,
-    Block,
-    BlockPool,
-    ExpandableSegment,
-    PoolId,
-    link_after,
-)
+from ._block import DEFAULT_POOL_ID, SHARED_STREAM, ExpandableSegment, link_after
 from ._oom import FractionRejection
-from ._source import MemorySource
-from ._stats import DeviceStats
+
+if TYPE_CHECKING:
+    from ...backends._base import Backend, EventHandle
+    from .._config import AllocatorConfig
+    from ._block import AnySegment, Block, BlockPool, PoolId
+    from ._source import MemorySource
+    from ._stats import DeviceStats
 
 __all__ = ["PAGE", "SharedArenas"]
 

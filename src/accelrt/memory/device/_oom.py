@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..._errors import OutOfMemoryError
 from ..._units import format_bytes
 
-__all__ = ["FractionRejection", "out_of_memory_error"]
+__all__ = ["FractionRejection", "oom_error", "out_of_memory_error"]
 
 
 class FractionRejection(Exception):
@@ -64,11 +64,28 @@ def out_of_memory_error(
         f"{format_bytes(reserved - allocated)} is reserved by accelrt but unallocated. If "
         f"reserved but unallocated memory is large, {hint}."
     )
+    return oom_error(message, device_name, nbytes, alloc_size, allocated, reserved, free, total)
+
+
+def oom_error(
+    message: str,
+    device: str,
+    requested: int,
+    allocation: int,
+    allocated: int,
+    reserved: int,
+    free: int,
+    total: int,
+) -> OutOfMemoryError:
+    """The ``OutOfMemoryError`` of the device and the host allocators: ``message`` for ``device``
+    (e.g. ``"sim:0"``), and its figures in bytes, in the order of the error's fields (the request,
+    what the allocator tried to obtain, what it has allocated and reserved, the memory's free
+    and total)."""
     return OutOfMemoryError(
         message,
-        device=device_name,
-        requested_bytes=nbytes,
-        allocation_bytes=alloc_size,
+        device=device,
+        requested_bytes=requested,
+        allocation_bytes=allocation,
         allocated_bytes=allocated,
         reserved_bytes=reserved,
         free_bytes=free,

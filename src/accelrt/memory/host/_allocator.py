@@ -36,6 +36,7 @@ from ..._units import format_bytes
 from ...backends._base import Backend
 from .._atomic import PENDING, atomic, deliver, protect_sigint, register
 from ..device._events import StreamEvents
+from ..device._oom import oom_error
 from ..device._requests import _request_size
 from ..device._stats import StatsMethods
 from ._source import HostMemorySource
@@ -210,16 +211,7 @@ class HostCachingAllocator(StreamEvents[HostBlock], StatsMethods[HostStats]):
             f"and {format_bytes(held - active)} is cached or waiting for streams; "
             "accelrt.empty_host_cache() returns the cached memory."
         )
-        return OutOfMemoryError(
-            message,
-            device=device,
-            requested_bytes=nbytes,
-            allocation_bytes=size,
-            allocated_bytes=active,
-            reserved_bytes=held,
-            free_bytes=free_bytes,
-            total_bytes=total_bytes,
-        )
+        return oom_error(message, device, nbytes, size, active, held, free_bytes, total_bytes)
 
     # ------------------------------------------------------------------ free
     def free(self, block: HostBlock) -> None:
