@@ -8,12 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from accelrt.trace import load
-from accelrt.trace._phases import Phase, header_phases
-from accelrt.view import CategoryRule, category_bytes, folded_stacks, view_of_trace
-from accelrt.view._categories import BUILT_IN, categorize
+from accelrt.trace import Phase, load
+from accelrt.trace._phases import header_phases
+from accelrt.view import (
+    CategoryRule,
+    add_categories,
+    category_bytes,
+    folded_stacks,
+    view_of_trace,
+)
 
 KiB = 1024
+BUILT_IN = ("parameters", "gradients", "optimizer state", "activations", "temporary", "unknown")
+"""The inferred categories, in the order tables show them (docs/viewer.md)."""
 
 
 def _write(path: Path, events: list[tuple[str, int, int, str | None]], phases: list) -> Path:
@@ -60,7 +67,8 @@ def _view(tmp_path: Path, events=STEP, phases=PHASES):
 
 def test_phases_decide_each_kind_and_lifetimes_split_temporaries(tmp_path: Path) -> None:
     view, phases = _view(tmp_path)
-    categories = categorize(view, phases)
+    assert view.phases == phases and phases  # add_categories reads the trace's phases
+    categories = add_categories(view)
     assert categories.names == BUILT_IN
     shown = [categories.names[i] for i in categories.of.tolist()]
     assert shown == ["parameters", "activations", "temporary", "gradients", "optimizer state"]
@@ -82,7 +90,8 @@ def test_phases_decide_each_kind_and_lifetimes_split_temporaries(tmp_path: Path)
 def test_user_rules_come_first_in_their_order(tmp_path: Path) -> None:
     view, phases = _view(tmp_path)
     rules = [CategoryRule.parse("matmuls=aten::mm"), CategoryRule.parse("temporary=add")]
-    categories = categorize(view, phases, rules)
+    assert view.phases == phases and phases
+    categories = add_categories(view, rules)
     # rule names first, a rule named like a built-in category is that category
     assert categories.names == ("matmuls", "temporary", *(n for n in BUILT_IN if n != "temporary"))
     shown = [categories.names[i] for i in categories.of.tolist()]
@@ -99,8 +108,8 @@ def test_without_phases_ops_give_the_sites(tmp_path: Path) -> None:
         ("free", 0x1000, 10 * KiB, None),
     ]
     view, phases = _view(tmp_path, events, [])
-    assert phases == ()
-    categories = categorize(view)
+    assert phases == () and view.phases == ()
+    categories = add_categories(view)
     shown = [categories.names[i] for i in categories.of.tolist()]
     assert shown == ["unknown", "gradients", "temporary", "optimizer state"]
 
@@ -109,7 +118,8 @@ def test_nothing_known_is_unknown(tmp_path: Path) -> None:
     events = [("alloc", 0x1000, 10 * KiB, None), ("alloc", 0x2000, 1, "aten::mm")]
     events.append(("free", 0x1000, 10 * KiB, None))
     view, _ = _view(tmp_path, events, [])
-    categories = categorize(view)
+    assert view.phases == ()
+    categories = add_categories(view)
     assert [categories.names[i] for i in categories.of.tolist()] == ["unknown", "unknown"]
 
 

@@ -27,7 +27,6 @@ from accelrt.cli import _replay_tables as replay_tables
 from accelrt.cli import main
 from accelrt.testing import reset_runtime
 from accelrt.trace import TraceFormatError, write
-from accelrt.trace._format import MAX_NAME_CHARS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "transformer_train.jsonl.gz"
 EVIL = "\x1b]0;pwned\x07\x1b[2J\u202e"
@@ -36,6 +35,8 @@ SHOWN = "\\x1b]0;pwned\\x07\\x1b[2J\\u202e"
 """``EVIL`` as the command shows it."""
 RAW = re.compile("[\x1b\x07\u202e]")
 MiB = 1 << 20
+MAX_NAME_CHARS = 4096
+"""The longest header ``name`` that ``load`` and ``write`` accept (docs/reliability.md)."""
 BUG_LINE = (
     "accelrt replay: internal error: this is a bug in accelrt {version}, not a problem with your "
     "input; please report it with the command you ran and the traceback above\n"

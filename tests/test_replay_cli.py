@@ -381,8 +381,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:
 def test_replay_takes_every_recorded_device(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from accelrt.trace import read_snapshot, trace_from_snapshot
-    from accelrt.trace._snapshot import traces_from_snapshot
+    from accelrt.trace import read_snapshot, trace_from_snapshot, traces_from_snapshot
 
     snap = recorded_on_two_devices(tmp_path / "two.pickle")
     traces = traces_from_snapshot(read_snapshot(snap), path=str(snap))

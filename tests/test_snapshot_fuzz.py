@@ -26,8 +26,12 @@ import pytest
 
 import accelrt as acc
 from accelrt.replay import replay
-from accelrt.trace import TraceFormatError, read_snapshot, trace_from_snapshot
-from accelrt.trace._snapshot import devices_with_history
+from accelrt.trace import (
+    TraceFormatError,
+    devices_with_history,
+    read_snapshot,
+    trace_from_snapshot,
+)
 from accelrt.view import segment_text
 
 MiB = 1 << 20

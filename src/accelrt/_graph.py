@@ -1,7 +1,7 @@
 """``Graph``: capture the work submitted to a stream once, replay it many times.
 
 Mirrors ``torch.accelerator.Graph`` (PyTorch 2.13). Capture needs the backend's optional
-graph-capture capability (``accelrt.backends._base.GraphCapture``): the ``cuda`` backend has
+graph-capture capability (``accelrt.backends.GraphCapture``): the ``cuda`` backend has
 it (``cuStreamBeginCapture`` ... ``cuGraphLaunch``); ``sim`` and ``opencl`` do not, and
 ``Graph()`` raises a ``RuntimeError`` naming the backend there.
 

@@ -23,8 +23,7 @@ from dlpack_capsules import consume, open_capsule
 from test_cuda_nogpu import SUCCESS, CUevent_flags, FakeDriver, MiB, _Names, _recorded
 
 import accelrt as acc
-from accelrt.backends import get_backend
-from accelrt.backends._base import GraphCapture
+from accelrt.backends import GraphCapture, get_backend
 from accelrt.backends.cuda import CUDABackend, CUDAError
 from accelrt.memory.buffers import _dlpack
 from accelrt.testing import forget_backend, install_backend, reset_runtime

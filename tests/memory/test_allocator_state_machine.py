@@ -35,9 +35,9 @@ from hypothesis.stateful import (
 from accelrt import OutOfMemoryError
 from accelrt.backends.sim import VM_GRANULARITY, SimBackend
 from accelrt.memory import AllocatorConfig, Block, CachingAllocator, round_size, segment_size
-from accelrt.memory.device._block import SHARED_STREAM
 
 MiB = 1 << 20
+SHARED_STREAM = -1  # the stream of a policy:accelrt arena and of its unmapped blocks: every one's
 PoolId = tuple[int, int]
 DEFAULT_POOL: PoolId = (0, 0)
 PRIVATE_POOLS: tuple[PoolId, ...] = ((0, 1), (0, 2), (0, 3))

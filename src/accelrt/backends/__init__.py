@@ -5,7 +5,8 @@ CPU device where there is no GPU), ``xpu`` (Intel's SYCL runtime through ``dpctl
 GPUs, else Intel's OpenCL CPU device) and ``sim`` (a simulated device that only hands out
 addresses). Third-party packages add backends through the
 entry-point group ``accelrt.backends``; each entry point names a class (or a factory) that
-returns an object satisfying :class:`Backend`.
+returns an object satisfying :class:`Backend`, and optionally :class:`GraphCapture` (graph
+capture for ``accelrt.Graph``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from ._base import (
 )
 from ._base import (
     BackendOutOfMemory as BackendOutOfMemory,
+)
+from ._base import (
+    GraphCapture as GraphCapture,
 )
 from ._base import (
     available_backends as available_backends,
@@ -53,6 +57,7 @@ def use(name: str) -> Backend:
 __all__ = [
     "Backend",
     "BackendOutOfMemory",
+    "GraphCapture",
     "available_backends",
     "get_backend",
     "registered_backends",

@@ -13,7 +13,29 @@ __all__ = ["Phase", "header_phases"]
 
 @dataclass(frozen=True)
 class Phase:
-    """A named stretch of a trace: events ``first`` up to, not including, ``end``."""
+    """A named stretch of a trace: events ``first`` up to, not including, ``end``.
+
+    What ``Trace.phases`` holds, read from the ``phases`` table of an accelrt trace header
+    (``{"phase": "step0/fwd", "first": 1, "end": 4}``; docs/viewer.md). Phases name where in
+    a step memory was allocated, for ``accelrt.view``'s categories.
+
+    Attributes
+    ----------
+    name : str
+        The phase's name as the header gives it (``"step0/bwd"``).
+    first : int
+        Index of its first event in the trace's events (0-based; host-only events the trace
+        dropped are not counted).
+    end : int
+        Index one past its last event: ``first < end <= len(trace.events)`` for the phases
+        ``load`` reads.
+
+    Notes
+    -----
+    A frozen dataclass: compared and hashed by value; making one checks nothing and raises
+    nothing. ``load`` leaves out damaged or empty entries of a header's table rather than
+    refusing the file.
+    """
 
     name: str
     first: int

@@ -59,7 +59,25 @@ __all__ = [
 def devices_with_history(snapshot: FileSnapshot) -> list[int]:
     """Return the device indices whose ``device_traces`` record at least one allocation.
 
-    Entries that are not dicts are passed over (:func:`read_snapshot` refuses them).
+    These are the devices :func:`trace_from_snapshot` can turn into a trace (and that
+    :func:`traces_from_snapshot` takes): PyTorch records a device's history in
+    ``device_traces[index]`` when ``torch.cuda.memory._record_memory_history`` was on.
+
+    Parameters
+    ----------
+    snapshot : dict
+        A PyTorch memory snapshot, from :func:`read_snapshot` (its ``data``) or any dict.
+
+    Returns
+    -------
+    list of int
+        Device indices in increasing order, each with at least one ``"alloc"`` entry; empty
+        for a snapshot of the end state only (no ``device_traces``, or only other entries).
+
+    Notes
+    -----
+    Never raises: a ``snapshot`` that is not a dict, ``device_traces`` that is not a list, and
+    entries that are not dicts are passed over (:func:`read_snapshot` refuses them).
     """
     traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
     if not isinstance(traces, list):
