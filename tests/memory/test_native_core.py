@@ -1,9 +1,9 @@
 """The compiled core and the Python reference are one policy: identical on every trace we have
 and on generated operation sequences (docs/design.md, "Two cores").
 
-Each check runs the same work through ``ReferenceCachingAllocator``
-(memory/device/_allocator.py) and
-the compiled ``CachingAllocator`` (memory/device/_native.pyx in front of it) on fresh simulated
+Each check runs the same work through ``ReferenceCachingAllocator`` (the Python ``HitPath``,
+memory/device/_hit_path.py, in front of ``SlowPath``) and the compiled ``CachingAllocator``
+(memory/device/_native.pyx's ``HitPath`` in front of the same ``SlowPath``) on fresh simulated
 devices and compares what a user can see: block addresses and sizes, ``memory_stats()``,
 snapshots, and out-of-memory errors.
 """
@@ -165,14 +165,48 @@ def test_generated_sequences_identical(config: str, ops: list[tuple[str, int, in
 
 
 def test_compiled_core_is_selected_and_distinct() -> None:
-    """The default CachingAllocator is the compiled one, built on the reference."""
-    assert _core.CORE == "compiled"
-    assert _core.CachingAllocator is not _core.ReferenceCachingAllocator
-    assert issubclass(_core.CachingAllocator, _core.ReferenceCachingAllocator)
+    """The default CachingAllocator is the compiled HitPath in front of SlowPath; the
+    reference is the Python HitPath in front of the same SlowPath."""
+    from accelrt.memory.device._allocator import SlowPath
+    from accelrt.memory.device._hit_path import HitPath
+
+    assert _core.CORE == "compiled" and _core.native is not None
+    assert _core.CachingAllocator.__bases__ == (_core.native.HitPath, SlowPath)
+    assert _core.ReferenceCachingAllocator.__bases__ == (HitPath, SlowPath)
     backend = SimBackend(capacity=64 * MiB)
     block = _core.CachingAllocator(backend, 0).malloc(1000, 0)
     assert type(block).__module__ == "accelrt.memory.device._native"
     assert (block.size, block.requested_size) == (1024, 1000)
+
+
+def test_both_hit_paths_have_one_layout() -> None:
+    """The pair's twins have one layout: every name of the Python HitPath is one of the
+    compiled HitPath's (but ``_expandable_candidate``: the compiled BlockPool.expandable_fit),
+    neither defines a name that SlowPath or its bases define (nothing is shadowed), and each
+    names its own block, pool and statistics types."""
+    from accelrt.memory.device import _block, _stats
+    from accelrt.memory.device._allocator import SlowPath
+    from accelrt.memory.device._hit_path import HitPath
+
+    assert _core.native is not None
+    compiled = _core.native.HitPath
+
+    def own(klass: type) -> set[str]:
+        return {name for name in vars(klass) if not name.startswith("__")}
+
+    assert own(HitPath) - own(compiled) == {"_expandable_candidate"}
+    slow = set().union(*(own(klass) for klass in SlowPath.__mro__[:-1]))
+    assert own(HitPath) & slow == set()
+    assert own(compiled) & slow == set()
+    for name, python_type in (
+        ("_Block", _block.Block),
+        ("_BlockPool", _block.BlockPool),
+        ("_Stat", _stats.Stat),
+        ("_StatArray", _stats.StatArray),
+        ("_ActiveBlocks", dict),
+    ):
+        assert getattr(HitPath, name) is python_type
+        assert getattr(compiled, name) is getattr(_core.native, name[1:])
 
 
 def test_active_blocks_behave_as_the_dict_they_replace() -> None:

@@ -5,8 +5,8 @@ functions, so the two can never disagree about what PyTorch's CUDACachingAllocat
 done. docs/allocator.md sections 2, 4 and 7 describe each rule.
 
 Compiled twin (in part): device/_native.pyx repeats ``K_MIN_BLOCK_SIZE``, ``K_SMALL_SIZE``,
-``MAX_REQUEST_BYTES`` and ``UNLIMITED``, ``round_size`` (``HotPath.round_size``) and
-``should_split`` (in ``HotPath.alloc_found_block``) and ``page_floor`` (``HotPath.note_floor``):
+``MAX_REQUEST_BYTES`` and ``UNLIMITED``, ``round_size`` (``HitPath.round_size``) and
+``should_split`` (in ``HitPath.alloc_found_block``) and ``page_floor`` (``HitPath.note_floor``):
 change both (docs/design.md, "Pairs").
 """
 

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from ..._stream import Stream
-    from ..device._allocator import CachingAllocator
     from ..device._block import Block
+    from ..device._core import CachingAllocator
 
 __all__ = ["ArrayOwner", "Buffer", "ExportPin", "FreedWhenCollected", "MemoryHandle"]
 

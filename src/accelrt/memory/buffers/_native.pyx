@@ -22,7 +22,7 @@ from ..device._native cimport (
     buffer_free,
     buffer_free_collected,
     buffer_malloc,
-    is_hot_path,
+    is_hit_path,
 )
 
 __all__ = ["Buffer", "adopt", "copy_", "empty", "install_copy", "install_empty"]
@@ -149,7 +149,7 @@ cdef class _Current:
     """One thread's cached lookups for ``empty(n)``: valid while the epoch is unchanged."""
 
     cdef int64_t epoch
-    cdef object allocator  # a HotPath (device/_native.pyx)
+    cdef object allocator  # a HitPath (device/_native.pyx)
     cdef object stream
     cdef int64_t handle
 
@@ -228,7 +228,7 @@ def empty(nbytes, *, device=None, stream=None):
         device is None
         and stream is None
         and isinstance(result, Buffer)
-        and is_hot_path((<Buffer>result)._allocator)
+        and is_hit_path((<Buffer>result)._allocator)
     ):
         current = _Current.__new__(_Current)
         current.epoch = epoch

@@ -29,6 +29,7 @@ agree byte for byte.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._policy import K_MIN_BLOCK_SIZE, K_SMALL_BUFFER
@@ -69,6 +70,9 @@ class SharedArenas:
     _clock: int
     _floor_page: int  # the large page of the page floor; 0 when the policy is off
     _floor_peak: int
+    # defined by HitPath (device/_hit_path.py, or its compiled twin)
+    _note_floor: Callable[[bool, int], None]
+    _try_merge: Callable[[Block, Block | None, BlockPool], int]
 
     def _all_pools(self) -> list[BlockPool]:
         raise NotImplementedError
@@ -84,17 +88,10 @@ class SharedArenas:
     def _unmap_block(self, block: Block, lowest: int | None = None) -> None:
         raise NotImplementedError
 
-    def _note_floor(self, is_small: bool, size: int) -> None:
-        raise NotImplementedError
-
     def _fraction_refuses(self, nbytes: int) -> bool:
         raise NotImplementedError
 
     def _pool_no_split(self, pool_id: PoolId) -> bool:
-        raise NotImplementedError
-
-    @staticmethod
-    def _try_merge(dst: Block, src: Block | None, pool: BlockPool) -> int:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ state

@@ -53,11 +53,9 @@ class StreamEvents(Generic[B]):
     _events: dict[int, deque[tuple[Any, B, int]]]
     _idle_events: dict[int, list[Any]]  # device index -> completed events to reuse
     _finalized: list[Callable[[], None]]  # finalisers' work, run after an operation
+    _free_block: Callable[[B], None]  # the device allocator's HitPath defines it
 
     def _take_stream_uses(self, block: B) -> list[tuple[int, int]]:
-        raise NotImplementedError
-
-    def _free_block(self, block: B) -> None:
         raise NotImplementedError
 
     def _free_if_allocated(self, block: B) -> None:

@@ -2,29 +2,30 @@
 # distutils: language = c++
 """The compiled core of the caching allocator: its hit path in C++ (docs/design.md, "Two cores").
 
-Python twins (change both; docs/design.md, "Pairs"): device/_allocator.py (``HotPath``'s
-methods), device/_block.py (``Block``, ``BlockPool``), device/_stats.py (``Stat``,
+Python twins (change both; docs/design.md, "Pairs"): device/_hit_path.py (``HitPath``, method
+for method), device/_block.py (``Block``, ``BlockPool``), device/_stats.py (``Stat``,
 ``StatArray``), memory/_policy.py (the ``K_*`` constants, ``round_size``, ``should_split``)
 and replay.py (``_run_chunk``: ``run_events``).
 
 This module holds the allocator's hot data and the operations that run on every call:
 ``Block`` and ``BlockPool`` (free blocks indexed by (stream, size, address) in C++ ordered
-sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HotPath``: ``malloc``,
+sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HitPath``: ``malloc``,
 ``free``, the best-fit lookup, splitting and merging. The public fast path (``Buffer``,
 ``empty(n)``, ``copy_``) is buffers/_native.pyx, which calls in here through the functions
 _native.pxd declares.
 
-``NativeCachingAllocator`` (memory/device/_core.py) is ``HotPath`` in front of the Python
-``CachingAllocator``: every rare path (new segments, the OOM ladder, events, expandable
-segments, private pools, snapshots, history) is the Python reference's own code, working on
-these same objects through the same attribute names. The methods here are line-for-line
-translations of their namesakes in memory/device/_allocator.py and memory/device/_block.py;
-the differential test (tests/memory/test_native_core.py) holds the two to identical blocks, addresses,
-statistics and snapshots.
+``CachingAllocator`` (memory/device/_core.py) is ``HitPath`` in front of ``SlowPath``
+(memory/device/_allocator.py), on this core and on the Python one alike: every rare path (new
+segments, the OOM ladder, events, expandable segments, private pools, snapshots, history) is
+``SlowPath``'s Python, working on these same objects through the same attribute names. The
+methods here have the names of their Python twins (a ``def`` of each, for the Python paths
+that call them; the hit path itself calls the ``cdef`` forms, ``malloc_c``, ``get_free_block``
+...), and the differential test (tests/memory/test_native_core.py) holds the two to identical
+blocks, addresses, statistics and snapshots.
 
 Compiled code runs no bytecode, so a KeyboardInterrupt cannot arrive half-way through it: the
 hit path is atomic by construction. Where it calls back into Python (the slow paths), those
-functions are registered with memory/_atomic.py by memory/device/_core.py, as the Python hot
+functions are registered with memory/_atomic.py by memory/device/_core.py, as the Python hit
 path is.
 """
 
@@ -44,7 +45,7 @@ from ..._errors import OutOfMemoryError
 from .._atomic import PENDING, deliver
 from ._block import DEFAULT_POOL_ID, ExpandableSegment
 
-__all__ = ["ActiveBlocks", "Block", "BlockPool", "HotPath", "Stat", "StatArray"]
+__all__ = ["ActiveBlocks", "Block", "BlockPool", "HitPath", "Stat", "StatArray"]
 
 cdef object _DEFAULT_POOL_ID = DEFAULT_POOL_ID
 cdef int64_t K_MIN_BLOCK_SIZE = 512
@@ -324,7 +325,7 @@ cdef class BlockPool:
         return <Block>free_list[0][i].block
 
     cdef Block expandable_fit(self, int64_t stream, int64_t size, bint expandable):
-        """memory/device/_allocator.py ``_expandable_candidate``: the best fit when the first
+        """memory/device/_hit_path.py ``_expandable_candidate``: the best fit when the first
         candidate is in an expandable segment (docs/allocator.md section 3); the stream has a
         block of at least ``size`` bytes."""
         cdef FreeList* free_list = self.stream_list(stream)
@@ -657,7 +658,7 @@ cdef inline int64_t in_range(object nbytes) noexcept:
 
 cdef int64_t _request_bytes(object nbytes) except -1:
     """A request's size in bytes: an in-range int at C speed, anything else through the
-    allocators' one check (memory/device/_allocator.py ``_request_size``), which raises."""
+    allocators' one check (memory/device/_requests.py ``_request_size``), which raises."""
     cdef int64_t n = in_range(nbytes) if type(nbytes) is int else 0
     if n:
         return n
@@ -666,13 +667,19 @@ cdef int64_t _request_bytes(object nbytes) except -1:
 
 
 @cython.no_gc_clear
-cdef class HotPath:
-    """``malloc``, ``free`` and what they run on every call, compiled.
+cdef class HitPath:
+    """``malloc``, ``free`` and what they run on every call, compiled: device/_hit_path.py's
+    ``HitPath``, the first base of ``CachingAllocator``.
 
-    The base of ``NativeCachingAllocator``; the attributes are those the Python
-    ``CachingAllocator`` uses, typed. Setting ``config``, ``stats`` or ``_max_split`` caches
-    what the hit path reads from them.
+    The attributes are those ``SlowPath`` sets, typed. Setting ``config``, ``stats`` or
+    ``_max_split`` caches what the hit path reads from them.
     """
+
+    _Block = Block
+    _BlockPool = BlockPool
+    _Stat = Stat
+    _StatArray = StatArray
+    _ActiveBlocks = ActiveBlocks
 
     cdef public object _lock  # a fastrlock.FastRLock: no Python call when uncontended
     cdef public BlockPool _small, _large
@@ -870,6 +877,9 @@ cdef class HotPath:
                 return i
         return stop
 
+    def _get_free_block(self, BlockPool pool not None, int64_t size, int64_t stream):
+        return self.get_free_block(pool, size, stream)
+
     cdef Block get_free_block(self, BlockPool pool, int64_t size, int64_t stream):
         if self._gc_configured and self._allowed_max is not None:
             pool.get_free_blocks_call_count += 1
@@ -888,6 +898,9 @@ cdef class HotPath:
         pool.drop(block)
         return block
 
+    def _note_floor(self, bint is_small, int64_t size):
+        self.note_floor(is_small, size)
+
     cdef inline void note_floor(self, bint is_small, int64_t size) noexcept:
         """memory/_policy.py ``page_floor`` of the live bytes with ``size`` more, kept as a
         high-water mark in ``_floor_peak`` (policy:accelrt's budget, docs/allocator.md 16.1)."""
@@ -903,6 +916,9 @@ cdef class HotPath:
         floor += (small + K_SMALL_BUFFER - 1) // K_SMALL_BUFFER * K_SMALL_BUFFER
         if floor > self._floor_peak:
             self._floor_peak = floor
+
+    def _alloc_found_block(self, Block block not None, int64_t size, int64_t nbytes):
+        return self.alloc_found_block(block, size, nbytes)
 
     cdef Block alloc_found_block(self, Block block, int64_t size, int64_t nbytes):
         cdef BlockPool pool = block.pool
@@ -942,6 +958,14 @@ cdef class HotPath:
         elif already_split and counts_split:
             self._inactive_split_bytes.down(is_small, block.size)
             self._inactive_split.down(is_small, 1)
+        self.mark_allocated(block, is_small, nbytes)
+        return block
+
+    def _mark_allocated(self, Block block not None, int64_t nbytes):
+        self.mark_allocated(block, block.pool.is_small, nbytes)
+
+    cdef inline int mark_allocated(self, Block block, bint is_small, int64_t nbytes) except -1:
+        """Hand ``block`` out for a request of ``nbytes`` and count it in the statistics."""
         block.allocated = True
         block.requested_size = nbytes
         self._active.put(block.address, block)
@@ -952,7 +976,7 @@ cdef class HotPath:
         self._requested_bytes.up(is_small, nbytes)
         if block.size >= self._max_split_c:
             self._oversize_allocations.up(1)
-        return block
+        return 0
 
     def free(self, Block block not None):
         """Give a block back: see CachingAllocator.free."""
@@ -989,7 +1013,7 @@ cdef class HotPath:
 
     cdef int free_collected(self, Block block) except -1:
         """``free_soon`` for a buffer's finaliser: free now unless this thread is inside one
-        of this allocator's operations (then the reference's ``free_soon`` defers it)."""
+        of this allocator's operations (then SlowPath's ``free_soon`` defers it)."""
         if self._lock._is_owned():
             self.free_soon(block)
         else:
@@ -1060,7 +1084,7 @@ cdef class HotPath:
 
 
 cdef inline int64_t _growable_size(Block block) noexcept:
-    """memory/device/_allocator.py ``_growable_size``: a free block's size plus the unmapped
+    """memory/device/_hit_path.py ``_growable_size``: a free block's size plus the unmapped
     block after it."""
     cdef Block following = block.next
     if following is not None and not following.mapped:
@@ -1069,7 +1093,7 @@ cdef inline int64_t _growable_size(Block block) noexcept:
 
 
 cdef int64_t _merge(Block dst, Block src, BlockPool pool):
-    """memory/device/_allocator.py ``CachingAllocator._try_merge``: the bytes absorbed, or 0.
+    """memory/device/_hit_path.py ``HitPath._try_merge``: the bytes absorbed, or 0.
 
     The absorbed ``src`` is unlinked from its old neighbours too, so that a discarded block
     someone still holds does not keep a chain of later blocks alive.
@@ -1109,36 +1133,36 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
 
 # --------------------------------------------- what buffers/_native.pyx calls (_native.pxd)
 cdef object buffer_malloc(object allocator, object nbytes, int64_t stream, int64_t* address):
-    """``allocator`` (a ``HotPath``)'s ``malloc`` of ``nbytes`` (an ``int``) on ``stream``: the
+    """``allocator`` (a ``HitPath``)'s ``malloc`` of ``nbytes`` (an ``int``) on ``stream``: the
     block, its address in ``address``; None, allocating nothing, when ``nbytes`` is not a
     valid request (1 to ``K_MAX_REQUEST_BYTES``: the Python ``empty`` then decides)."""
     cdef int64_t n = in_range(nbytes)
     if not n:
         return None
-    cdef Block block = (<HotPath>allocator).malloc_c(n, stream)
+    cdef Block block = (<HitPath>allocator).malloc_c(n, stream)
     address[0] = block.address
     return block
 
 
 cdef int buffer_free(object allocator, object block) except -1:
-    """``Buffer.free``'s call: the compiled ``free`` where ``allocator`` is a ``HotPath``, else
+    """``Buffer.free``'s call: the compiled ``free`` where ``allocator`` is a ``HitPath``, else
     its Python ``free``."""
-    if isinstance(allocator, HotPath):
-        (<HotPath>allocator).free_c(<Block?>block)
+    if isinstance(allocator, HitPath):
+        (<HitPath>allocator).free_c(<Block?>block)
     else:
         allocator.free(block)
     return 0
 
 
 cdef int buffer_free_collected(object allocator, object block) except -1:
-    """The finaliser's call: ``HotPath.free_collected``, else the Python ``free_soon``."""
-    if isinstance(allocator, HotPath):
-        (<HotPath>allocator).free_collected(<Block?>block)
+    """The finaliser's call: ``HitPath.free_collected``, else the Python ``free_soon``."""
+    if isinstance(allocator, HitPath):
+        (<HitPath>allocator).free_collected(<Block?>block)
     else:
         allocator.free_soon(block)
     return 0
 
 
-cdef bint is_hot_path(object allocator) noexcept:
+cdef bint is_hit_path(object allocator) noexcept:
     """Whether ``allocator`` is served by this compiled hit path."""
-    return isinstance(allocator, HotPath)
+    return isinstance(allocator, HitPath)
