@@ -2,9 +2,11 @@
 
 ``CachingAllocator`` (device/_core.py) is ``HitPath`` in front of ``SlowPath``: ``HitPath``
 (device/_hit_path.py, or its compiled twin device/_native.pyx) serves ``malloc`` and ``free``
-from the free lists; this class holds the state and runs everything else (settings, new
-segments and pages, the OOM ladder, events, private pools, releasing, snapshots, history) on
-the blocks and pools whichever ``HitPath`` runs has built. It has no compiled twin.
+from the free lists; this class holds the state and runs everything else on the blocks and
+pools whichever ``HitPath`` runs has built: settings, new segments and pages, the OOM ladder
+and events here, private pools (device/_private_pools.py), releasing (device/_release.py),
+snapshots, history and restored segments (device/_recordings.py) and policy:accelrt's misses
+(device/_arenas.py) in its bases. It has no compiled twin.
 
 The default policy reproduces PyTorch's CUDACachingAllocator (docs/allocator.md sections 1-8):
 requests are rounded and split between a small and a large pool; a request takes the smallest
@@ -22,10 +24,7 @@ asks them back; it never calls the backend's ``malloc``/``free`` itself. Private
 
 from __future__ import annotations
 
-import itertools
-import operator
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from ..._errors import OutOfMemoryError
@@ -34,22 +33,12 @@ from ...backends._base import Backend
 from .._atomic import atomic, protect_sigint
 from .._config import AllocatorConfig
 from .._policy import (
-    K_MIN_BLOCK_SIZE,
     K_SMALL_BUFFER,
-    K_SMALL_SIZE,
     UNLIMITED,
-    page_size,
     segment_size,
 )
 from ..history._history import (
-    Annotation,
-    BlockInfo,
-    ContextMode,
-    EnabledMode,
     History,
-    SegmentInfo,
-    TraceEntry,
-    frames_to_dicts,
 )
 from ._arenas import SharedArenas
 from ._block import (
@@ -60,41 +49,27 @@ from ._block import (
     BlockPool,
     ExpandableSegment,
     PoolId,
-    Segment,
     link_after,
 )
 from ._events import StreamEvents
 from ._oom import FractionRejection, out_of_memory_error
+from ._private_pools import PrivatePool, PrivatePools
+from ._recordings import Recordings
+from ._release import Releasing
 from ._source import MemorySource
 from ._stats import DeviceStats, Stat, StatArray, StatsMethods
 
 __all__ = ["SlowPath"]
 
 
-class _PrivatePool:
-    """The free lists of one ``MemPool`` on this device, whether its owner still exists, and
-    its options (``MemPool(allocator=, use_on_oom=, no_split=)``; device/_pool.py)."""
-
-    __slots__ = ("large", "no_split", "owner_alive", "small", "source", "use_on_oom")
-
-    def __init__(
-        self,
-        pool_id: PoolId,
-        pool_type: type[BlockPool],
-        *,
-        no_split: bool = False,
-        use_on_oom: bool = False,
-        source: MemorySource | None = None,
-    ) -> None:
-        self.small = pool_type(is_small=True, pool_id=pool_id)
-        self.large = pool_type(is_small=False, pool_id=pool_id)
-        self.owner_alive = True
-        self.no_split = no_split  # blocks are handed out whole, never split
-        self.use_on_oom = use_on_oom  # free blocks serve default-pool requests that ran out
-        self.source = source  # where its segments come from; None: the device's source
-
-
-class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
+class SlowPath(
+    PrivatePools,
+    Releasing,
+    Recordings,
+    StreamEvents[Block],
+    StatsMethods[DeviceStats],
+    SharedArenas,
+):
     """The second base of ``CachingAllocator`` (device/_core.py), which documents the
     allocator: its state, and every path but the hit path.
 
@@ -124,7 +99,7 @@ class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
         self._lock = self._make_lock()
         self._small = self._BlockPool(is_small=True)
         self._large = self._BlockPool(is_small=False)
-        self._private: dict[PoolId, _PrivatePool] = {}
+        self._private: dict[PoolId, PrivatePool] = {}
         self._routes: dict[int, list[PoolId]] = {}  # thread id -> stack of active pool ids
         self._active: dict[int, Block] = self._ActiveBlocks()
         self._segments: dict[int, AnySegment] = {}
@@ -273,13 +248,6 @@ class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
         with self._lock:
             self._allowed_max = int(fraction * total)
 
-    def _routed_pool(self, size: int) -> BlockPool:
-        ids = self._routes.get(threading.get_ident())
-        if not ids:
-            return self._small if size <= K_SMALL_SIZE else self._large
-        private = self._private[ids[-1]]
-        return private.small if size <= K_SMALL_SIZE else private.large
-
     def _malloc_slow(self, pool: BlockPool, size: int, nbytes: int, stream: int) -> Block:
         in_arenas = self._arenas and self._source_of(pool) is self._source
         if in_arenas:
@@ -313,20 +281,6 @@ class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
         if block is None:
             raise self._out_of_memory(nbytes, size, alloc_size, stream)
         return block
-
-    def _borrow_on_oom(self, size: int, stream: int) -> Block | None:
-        """The last resort of a default-pool request: a free block of a ``use_on_oom`` pool.
-
-        Pools are tried in creation order; only their free blocks (no new memory). Mirrors the
-        ``use_on_oom_pools`` step of PyTorch's ``DeviceCachingAllocator::malloc``.
-        """
-        for private in self._private.values():
-            if private.use_on_oom and private.owner_alive:
-                pool = private.small if size <= K_SMALL_SIZE else private.large
-                block = self._get_free_block(pool, size, stream)
-                if block is not None:
-                    return block
-        return None
 
     def _grow(
         self, pool: BlockPool, size: int, alloc_size: int, stream: int, *, is_retry: bool
@@ -513,144 +467,6 @@ class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
             self._observer.record("segment_unmap", start, unmapped, owner)
 
     @atomic
-    def restore_segment(
-        self,
-        size: int,
-        stream: int,
-        blocks: Sequence[tuple[int, int]],
-        *,
-        is_small: bool | None = None,
-        expandable: bool = False,
-    ) -> list[Block]:
-        """Recreate a segment as a recording had it: for replays that start mid-run.
-
-        Parameters
-        ----------
-        size : int
-            The bytes the blocks cover. An ordinary segment of 2 MiB is a small-pool one.
-        stream : int
-            The stream handle that owns the segment and all its blocks.
-        blocks : sequence of (block_bytes, requested_bytes)
-            The blocks in address order; ``requested_bytes`` 0 marks a free block and -1 an
-            unmapped stretch of an expandable segment (whole pages).
-        is_small : bool, optional
-            The pool; default: small for a 2 MiB ordinary segment. Required for expandable.
-        expandable : bool
-            Recreate part of an expandable segment: a new reserved range (on the simulated
-            device, where ``SimBackend.plan_reservations`` put it) whose first ``size`` bytes
-            are these blocks, the rest unmapped; the mapped blocks are mapped.
-
-        Returns
-        -------
-        list of Block
-            The allocated blocks, in address order, to be freed later like any others.
-
-        Raises
-        ------
-        ValueError
-            If the block sizes are not positive multiples of 512 summing to ``size``, two
-            free or two unmapped blocks are adjacent (the allocator would have merged them),
-            unmapped stretches are not whole pages, ``is_small`` is missing for an expandable
-            segment, or the backend has no virtual memory for one; nothing changes.
-        OutOfMemoryError
-            If the device cannot hold the segment.
-
-        Notes
-        -----
-        The memory counts in the statistics as device allocations (one per ordinary segment
-        or mapped range). docs/allocator.md section 13.
-        """
-        sizes = [b for b, _ in blocks]
-        states = [min(r, 1) for _, r in blocks]
-        if any(b <= 0 or b % K_MIN_BLOCK_SIZE for b in sizes) or sum(sizes) != size:
-            raise ValueError(
-                f"blocks {sizes} must be positive multiples of {K_MIN_BLOCK_SIZE} bytes summing "
-                f"to the segment's {size} bytes"
-            )
-        if any(states[i] == states[i + 1] < 1 for i in range(len(states) - 1)):
-            raise ValueError("two free or unmapped blocks are adjacent: they would have merged")
-        if expandable and (is_small is None or not self._source.supports_expandable):
-            raise ValueError(
-                "an expandable segment needs is_small and a backend with virtual memory"
-            )
-        if not expandable and -1 in states:
-            raise ValueError("only an expandable segment has unmapped blocks")
-        with self._lock:
-            if expandable:
-                assert is_small is not None
-                pool = self._small if is_small else self._large
-                return self._restore_expandable(pool, stream, list(blocks))
-            if is_small is None:
-                is_small = size == K_SMALL_BUFFER
-            pool = self._small if is_small else self._large
-            first = None if self._fraction_refuses(size) else self._new_segment(pool, size, stream)
-            if first is None:
-                raise self._out_of_memory(size, size, size, stream)
-            chain = self._lay_out(first.segment, first.address, blocks)
-            return [block for block in chain if block.allocated]
-
-    def _page_size(self, pool: BlockPool) -> int:
-        """The page size of a new expandable segment of ``pool`` under the current settings."""
-        return page_size(pool.is_small, self.config.large_segment_size)
-
-    def _restore_expandable(
-        self, pool: BlockPool, stream: int, blocks: list[tuple[int, int]]
-    ) -> list[Block]:
-        segment = self._source.reserve(stream, pool, self._page_size(pool))
-        if segment is None:
-            raise self._out_of_memory(0, 0, 0, stream)
-        span = sum(b for b, _ in blocks)
-        offsets = itertools.accumulate((b for b, _ in blocks), initial=0)
-        page = segment.page_size
-        unaligned = [
-            o
-            for o, (b, r) in zip(offsets, blocks, strict=False)
-            if r < 0 and (o % page or b % page)
-        ]
-        if span > segment.size or unaligned:
-            segment.release()
-            raise ValueError(
-                f"expandable blocks {[b for b, _ in blocks]} do not fit a {segment.size}-byte "
-                f"reserved range in whole {segment.page_size}-byte pages"
-            )
-        self._segments[segment.address] = segment
-        if span < segment.size:
-            blocks = [*blocks, (segment.size - span, -1)]
-        chain = self._lay_out(segment, segment.address, blocks)
-        for run in _mapped_runs(chain):  # whole pages: unmapped stretches are
-            nbytes = sum(b.size for b in run)
-            if not segment.map(run[0].address, nbytes):
-                raise self._out_of_memory(nbytes, nbytes, nbytes, stream)
-            self._count_device_memory(pool, nbytes)
-        return [block for block in chain if block.allocated]
-
-    def _lay_out(
-        self, segment: AnySegment, address: int, blocks: Sequence[tuple[int, int]]
-    ) -> list[Block]:
-        """Cut a fresh segment into ``blocks`` (state -1: unmapped) and return the chain."""
-        pool, stream, stats = segment.pool, segment.stream, self.stats
-        chain: list[Block] = []
-        for block_bytes, requested in blocks:
-            block = self._Block(address, block_bytes, stream, pool, segment)
-            if chain:
-                block.prev, chain[-1].next = chain[-1], block
-            chain.append(block)
-            address += block_bytes
-            if requested > 0:
-                self._mark_allocated(block, requested)
-            elif requested < 0:
-                block.mapped = False
-        for block in chain:
-            if not block.mapped:
-                pool.insert_unmapped(block)
-            elif not block.allocated:
-                pool.insert(block)
-                if block.is_split() and not segment.is_expandable:
-                    stats.inactive_split.increase(pool.is_small, 1)
-                    stats.inactive_split_bytes.increase(pool.is_small, block.size)
-        return chain
-
-    @atomic
     def free_soon(self, block: Block) -> None:
         """Free ``block`` now, or, when called inside one of this allocator's operations on
         this thread (a finaliser the garbage collector ran there), as that operation ends.
@@ -739,156 +555,6 @@ class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
                     self._free_block(block)
         self._events.clear()
 
-    def _release_dropped_pool_cache(self, pool_id: PoolId) -> None:
-        """After a free into a private pool: release it if its owner is gone. The free itself
-        has happened, so a driver error here is a warning (``empty_cache`` retries later)."""
-        try:
-            self._release_if_abandoned(pool_id)
-        except Exception as exc:
-            warn_user(
-                f"{self.device_name}: releasing the cache of dropped MemPool {pool_id} failed "
-                f"({exc}); empty_cache() releases it later",
-                RuntimeWarning,
-            )
-
-    # ------------------------------------------------------------------ releasing
-    @atomic
-    def empty_cache(self) -> None:
-        """Wait for pending frees, then return every cached, unused segment to the device.
-
-        Mirrors ``torch.cuda.empty_cache``: ordinary segments with no allocated block are
-        released, whole free pages of expandable segments are unmapped, in every pool
-        (private ones too). Blocks still allocated, and free pieces of partly used ordinary
-        segments, stay. Unlike PyTorch, the address ranges of expandable segments with nothing
-        mapped are given back too. The events the allocator keeps for reuse are destroyed.
-        """
-        with self._lock:
-            if self._finalized:
-                self._free_finalized()
-            try:
-                self._release_cached_blocks()
-                for pool in self._all_pools():
-                    self._release_unused_ranges(pool)
-            finally:  # a driver error half-way may have emptied a dropped pool already
-                self._forget_dropped_pools()
-            self._destroy_idle_events()
-
-    def _all_pools(self) -> list[BlockPool]:
-        pools = [self._large, self._small]
-        for private in self._private.values():
-            pools += (private.large, private.small)
-        return pools
-
-    def _release_cached_blocks(self) -> None:
-        self._synchronize_and_free_events()
-        try:
-            for pool in self._all_pools():
-                self._release_pool_blocks(pool)
-            for pool_id, private in list(self._private.items()):
-                if not private.owner_alive:  # its last segment may have gone just now
-                    self._release_if_abandoned(pool_id)
-        finally:  # a driver error in a later pool must not leave an emptied dropped pool known
-            self._forget_dropped_pools()
-
-    def _forget_dropped_pools(self) -> None:
-        """Forget the dropped pools that hold no segment (no device call: it cannot fail)."""
-        in_use = {segment.pool.pool_id for segment in self._segments.values()}
-        for pool_id, private in list(self._private.items()):
-            if not private.owner_alive and pool_id not in in_use:
-                del self._private[pool_id]
-
-    def _release_pool_blocks(self, pool: BlockPool) -> None:
-        """Release the pool's unsplit ordinary segments and unmap its expandable free pages."""
-        if self._arena_order:  # a page free under two owners' blocks can go too
-            self._join_owners(pool)
-        to_unmap = []
-        for block in pool.blocks():
-            if block.segment.is_expandable:
-                to_unmap.append(block)  # unmapping changes the pool: do it after the walk
-            elif not block.is_split():
-                self._release_block(block)
-        for block in to_unmap:
-            self._unmap_block(block)
-            if block.prev is None and block.next is None and not block.mapped:
-                self._release_expandable(block)
-
-    def _release_unused_ranges(self, pool: BlockPool) -> None:
-        """Give back the address ranges of the pool's expandable segments with nothing mapped.
-
-        Only ``empty_cache()`` and a released pool do this (the OOM retry, as PyTorch's, keeps
-        them for the next request): a range whose first map ran out of memory holds no memory
-        but would otherwise stay reserved for ever.
-        """
-        for stream in pool.unmapped_streams():
-            for block in pool.unmapped_blocks(stream):
-                if block.prev is None and block.next is None:
-                    self._release_expandable(block)
-
-    def _release_block(self, block: Block) -> None:
-        stats = self.stats
-        pool = block.pool
-        segment = block.segment
-        assert isinstance(segment, Segment)
-        self._source_of(pool).release(segment)
-        if self._observer is not None:
-            self._observer.record("segment_free", block.address, block.size, block.stream)
-        pool.remove(block)
-        del self._segments[block.address]
-        self._count_device_memory(pool, -block.size)
-        stats.segment.decrease(pool.is_small, 1)
-        if block.size >= self._max_split:
-            stats.oversize_segments.decrease(1)
-
-    def _release_expandable(self, block: Block) -> None:
-        """Give back the address range of an expandable segment that is all unmapped."""
-        segment = block.segment
-        assert isinstance(segment, ExpandableSegment)
-        block.pool.remove_unmapped(block)
-        segment.release()
-        del self._segments[segment.address]
-
-    def _release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
-        if self._max_split == UNLIMITED:
-            return False
-        target = max(size, self._max_split)
-        block = pool.lower_bound(stream, target)
-        if block is not None and not block.segment.is_expandable and not block.is_split():
-            self._release_block(block)
-            return True
-        released = 0
-        for candidate in reversed(pool.stream_blocks_below(stream, target)):
-            if released >= target or candidate.size < self._max_split:
-                break
-            if not candidate.segment.is_expandable and not candidate.is_split():
-                released += candidate.size
-                self._release_block(candidate)
-        return released >= target
-
-    def _garbage_collect(self) -> None:
-        assert self._allowed_max is not None
-        threshold = int(self.config.garbage_collection_threshold * self._allowed_max)
-        if self._reserved <= threshold:
-            return
-        target = self._reserved - threshold
-        pool = self._large
-        calls = pool.get_free_blocks_call_count
-        freeable = [b for b in pool.blocks() if _collectable(b)]
-        total_age = sum(calls - b.gc_count_base for b in freeable)
-        count = len(freeable)
-        reclaimed = 0
-        freed_any = True
-        while reclaimed < target and freed_any and count > 0:
-            age_threshold = total_age / count
-            freed_any = False
-            for block in pool.blocks():
-                age = calls - block.gc_count_base
-                if _collectable(block) and age >= age_threshold:
-                    freed_any = True
-                    reclaimed += block.size
-                    total_age -= age
-                    count -= 1
-                    self._release_block(block)
-
     def _out_of_memory(
         self, nbytes: int, size: int, alloc_size: int, stream: int
     ) -> OutOfMemoryError:
@@ -912,222 +578,6 @@ class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
             self._arenas,
         )
 
-    # ------------------------------------------------------------------ private pools
-    @atomic
-    def create_pool(
-        self,
-        pool_id: PoolId,
-        *,
-        no_split: bool = False,
-        use_on_oom: bool = False,
-        source: MemorySource | None = None,
-    ) -> None:
-        """Make the free lists of private pool ``pool_id`` (a ``MemPool``); no-op if they exist.
-
-        ``no_split``: its blocks are never split (a request takes a whole free block or a new
-        segment). ``use_on_oom``: its free blocks serve default-pool requests that would
-        otherwise raise ``OutOfMemoryError``. ``source``: where its segments come from
-        (``MemPool(allocator=...)``); its segments are then never expandable.
-        """
-        with self._lock:
-            if pool_id not in self._private:
-                self._private[pool_id] = _PrivatePool(
-                    pool_id,
-                    self._BlockPool,
-                    no_split=no_split,
-                    use_on_oom=use_on_oom,
-                    source=source,
-                )
-
-    def _pool_no_split(self, pool_id: PoolId) -> bool:
-        """Whether private pool ``pool_id`` hands its blocks out whole (``no_split``)."""
-        private = self._private.get(pool_id)
-        return private is not None and private.no_split
-
-    @atomic
-    def begin_allocate_to_pool(self, pool_id: PoolId) -> None:
-        """Route the calling thread's allocations to private pool ``pool_id`` (nestable)."""
-        with self._lock:
-            self.create_pool(pool_id)
-            self._routes.setdefault(threading.get_ident(), []).append(pool_id)
-
-    @atomic
-    def end_allocate_to_pool(self, pool_id: PoolId) -> None:
-        """Undo the calling thread's latest :meth:`begin_allocate_to_pool` of ``pool_id``.
-
-        Contexts may end in any order (asyncio tasks interleave so): the pool's latest entry
-        is removed wherever it is, and the thread goes on allocating to the latest pool still
-        begun, or to the default pool. Mirrors ``endAllocateToPool`` of PyTorch's
-        CUDACachingAllocator, which also removes the pool's entry wherever it is.
-
-        Raises
-        ------
-        ValueError
-            If the thread is not allocating to that pool; the routing is unchanged.
-        """
-        with self._lock:
-            ident = threading.get_ident()
-            ids = self._routes.get(ident, [])
-            if pool_id not in ids:
-                raise ValueError(
-                    f"{self.device_name}: this thread is not allocating to pool {pool_id}"
-                )
-            del ids[len(ids) - 1 - ids[::-1].index(pool_id)]
-            if not ids:
-                del self._routes[ident]
-
-    @atomic
-    def release_pool(self, pool_id: PoolId) -> None:
-        """The pool's owner is gone: release what it caches now, the rest as its blocks are freed.
-
-        The pool's id is forgotten once it holds no segment. Called by a finaliser, so inside
-        an operation of this allocator on this thread it waits for that operation to end, and
-        a driver error while releasing is a ``RuntimeWarning`` (``empty_cache`` retries).
-        """
-        if self._deferred_inside_operation(self.release_pool, pool_id):
-            return
-        with self._lock:
-            private = self._private.get(pool_id)
-            if private is not None:
-                private.owner_alive = False
-                self._release_dropped_pool_cache(pool_id)
-
-    def _release_if_abandoned(self, pool_id: PoolId) -> None:
-        private = self._private.get(pool_id)
-        if private is None or private.owner_alive:  # None: forgotten as another pool was
-            return
-        try:
-            for pool in (private.large, private.small):  # nothing can allocate from it any more
-                self._release_pool_blocks(pool)
-                self._release_unused_ranges(pool)
-        finally:
-            self._forget_dropped_pools()
-
-    def pool_ids(self) -> list[PoolId]:
-        """Return the ids of the private pools that still exist on this device."""
-        with self._lock:
-            return list(self._private)
-
-    # ------------------------------------------------------------------ history, snapshots
-    @atomic
-    def record_history(
-        self,
-        enabled: EnabledMode | None,
-        context: ContextMode | None,
-        max_entries: int,
-        skip_actions: frozenset[str] = frozenset(),
-        clear_history: bool = False,
-        global_annotations: bool = False,
-    ) -> None:
-        """Start (or, with ``enabled=None``, stop and forget) recording history.
-
-        See ``accelrt.record_memory_history`` for the modes. Starting again keeps the entries
-        recorded so far (the newest ``max_entries``) unless ``clear_history``.
-        """
-        with self._lock:
-            if enabled is None:
-                self._observer = None
-                return
-            previous = None if clear_history else self._observer
-            self._observer = History(
-                enabled, context, max_entries, skip_actions, previous, global_annotations
-            )
-
-    @atomic
-    def record_annotation(self, name: str, stage: str) -> None:
-        """Add one edge of a named stage to the history, if one is recorded (History.annotate)."""
-        with self._lock:
-            if self._observer is not None:
-                self._observer.annotate(name, stage)
-
-    @atomic
-    def annotate_block(self, block: Block, metadata: str) -> None:
-        """Add an ``annotate`` entry for allocated ``block`` to the history, if one is
-        recorded (History.annotate_allocation); ``block`` must be this allocator's."""
-        with self._lock:
-            if self._observer is not None:
-                self._observer.annotate_allocation(
-                    block.address, block.size, block.stream, metadata
-                )
-
-    def annotations(self) -> list[Annotation]:
-        """Return the history's named stages as snapshot ``external_annotations`` entries."""
-        with self._lock:
-            observer = self._observer
-            return [] if observer is None else observer.to_annotations(self.device_index)
-
-    def snapshot(
-        self, pool_id: PoolId | None = None, include_traces: bool = True
-    ) -> tuple[list[SegmentInfo], list[TraceEntry]]:
-        """Return the segments (with blocks) and the history entries, in PyTorch's schema.
-
-        Parameters
-        ----------
-        pool_id : tuple of (int, int), optional
-            Only the segments of this pool ((0, 0): the default pools); all when None.
-        include_traces : bool
-            False: no history entries (an empty list), without converting the history.
-
-        Notes
-        -----
-        An expandable segment appears as one segment per contiguous mapped range, with
-        ``is_expandable`` True; its unmapped blocks are left out, as PyTorch does.
-        """
-        with self._lock:
-            segments = []
-            for segment, blocks in self.segments():
-                if pool_id is not None and segment.pool.pool_id != pool_id:
-                    continue
-                for run in _mapped_runs(blocks):
-                    segments.append(self._segment_info(segment, run))
-            observer = self._observer if include_traces else None
-            return segments, observer.to_entries() if observer is not None else []
-
-    def _segment_info(self, segment: AnySegment, blocks: list[Block]) -> SegmentInfo:
-        """One snapshot segment of ``blocks`` (mapped, in address order), in one pass."""
-        infos: list[BlockInfo] = []
-        total = allocated = active = requested = 0
-        shared = segment.stream == SHARED_STREAM  # an arena: say each block's owner
-        for b in blocks:
-            size = b.size
-            total += size
-            if b.allocated:
-                state, asked = "active_allocated", b.requested_size
-                allocated += size
-                active += size
-            elif b.event_count or b.stream_uses:  # waiting for events, or for a routing's end
-                state, asked = "active_pending_free", b.requested_size
-                active += size
-            else:
-                state, asked = "inactive", 0
-            requested += asked
-            frames = b.frames
-            info: BlockInfo = {
-                "address": b.address,
-                "size": size,
-                "requested_size": asked,
-                "state": state,
-                "frames": frames_to_dicts(frames) if frames else [],
-            }
-            if shared:
-                info["stream"] = b.stream
-            infos.append(info)
-        return {
-            "device": self.device_index,
-            "address": blocks[0].address,
-            "total_size": total,
-            "allocated_size": allocated,
-            "active_size": active,
-            "requested_size": requested,
-            # an arena (policy:accelrt) has blocks of several streams: its lowest block's
-            "stream": blocks[0].stream if shared else segment.stream,
-            "segment_type": "small" if segment.is_small else "large",
-            "segment_pool_id": segment.pool.pool_id,
-            "is_expandable": segment.is_expandable,
-            "frames": frames_to_dicts(frames) if (frames := segment.frames) else [],
-            "blocks": infos,
-        }
-
     # ------------------------------------------------------------------ statistics
     @atomic
     def reset_peak_memory_stats(self) -> None:
@@ -1144,49 +594,3 @@ class SlowPath(StreamEvents[Block], StatsMethods[DeviceStats], SharedArenas):
     def reserved_bytes(self) -> int:
         """Bytes currently held from the device (ordinary segments and mapped pages)."""
         return self._reserved
-
-    def segments(self) -> list[tuple[AnySegment, list[Block]]]:
-        """Return each segment with all its blocks in address order (unmapped ones included).
-
-        For summaries, snapshots and tests; an expandable segment's blocks tile its whole
-        reserved range.
-        """
-        with self._lock:
-            out = []
-            for segment in sorted(self._segments.values(), key=_ADDRESS):
-                blocks: list[Block] = []
-                block = self._block_at(segment.address, segment)
-                while block is not None:
-                    blocks.append(block)
-                    block = block.next
-                out.append((segment, blocks))
-            return out
-
-    def _block_at(self, address: int, segment: AnySegment) -> Block | None:
-        block = self._active.get(address)
-        if block is None:  # allocated and pending-free blocks are in _active, free ones not
-            block = segment.pool.get(address)
-        return block
-
-
-def _collectable(block: Block) -> bool:
-    """Whether garbage collection may release a free block: a whole ordinary segment."""
-    return not block.is_split() and not block.segment.is_expandable
-
-
-_ADDRESS = operator.attrgetter("address")
-
-
-def _mapped_runs(blocks: list[Block]) -> list[list[Block]]:
-    """Split a segment's blocks into runs of mapped blocks (one per snapshot segment)."""
-    runs: list[list[Block]] = []
-    current: list[Block] = []
-    for block in blocks:
-        if block.mapped:
-            current.append(block)
-        elif current:
-            runs.append(current)
-            current = []
-    if current:
-        runs.append(current)
-    return runs
