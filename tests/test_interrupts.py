@@ -21,7 +21,8 @@ MiB = 1 << 20
 _ALLOCATOR_FILES = {
     os.path.join(os.path.dirname(acc.memory.__file__), name)
     for name in (  # noqa: SIM905 (one line, not one a name)
-        "device/_allocator.py device/_events.py device/_block.py device/_stats.py "
+        "device/_hit_path.py device/_allocator.py device/_private_pools.py device/_release.py "
+        "device/_recordings.py device/_events.py device/_block.py device/_stats.py "
         "device/_source.py device/_arenas.py _policy.py"
     ).split()
 }
