@@ -167,12 +167,9 @@ def test_generated_sequences_identical(config: str, ops: list[tuple[str, int, in
 def test_compiled_core_is_selected_and_distinct() -> None:
     """The default CachingAllocator is the compiled HitPath in front of SlowPath; the
     reference is the Python HitPath in front of the same SlowPath."""
-    from accelrt.memory.device._allocator import SlowPath
-    from accelrt.memory.device._hit_path import HitPath
-
     assert _core.CORE == "compiled" and _core.native is not None
-    assert _core.CachingAllocator.__bases__ == (_core.native.HitPath, SlowPath)
-    assert _core.ReferenceCachingAllocator.__bases__ == (HitPath, SlowPath)
+    assert _core.CachingAllocator.__bases__ == (_core.native.HitPath, _core.SlowPath)
+    assert _core.ReferenceCachingAllocator.__bases__ == (_core.PythonHitPath, _core.SlowPath)
     backend = SimBackend(capacity=64 * MiB)
     block = _core.CachingAllocator(backend, 0).malloc(1000, 0)
     assert type(block).__module__ == "accelrt.memory.device._native"
@@ -184,29 +181,21 @@ def test_both_hit_paths_have_one_layout() -> None:
     compiled HitPath's (but ``_expandable_candidate``: the compiled BlockPool.expandable_fit),
     neither defines a name that SlowPath or its bases define (nothing is shadowed), and each
     names its own block, pool and statistics types."""
-    from accelrt.memory.device import _block, _stats
-    from accelrt.memory.device._allocator import SlowPath
-    from accelrt.memory.device._hit_path import HitPath
-
     assert _core.native is not None
-    compiled = _core.native.HitPath
+    python, compiled = _core.PythonHitPath, _core.native.HitPath
 
     def own(klass: type) -> set[str]:
         return {name for name in vars(klass) if not name.startswith("__")}
 
-    assert own(HitPath) - own(compiled) == {"_expandable_candidate"}
-    slow = set().union(*(own(klass) for klass in SlowPath.__mro__[:-1]))
-    assert own(HitPath) & slow == set()
+    assert own(python) - own(compiled) == {"_expandable_candidate"}
+    slow = set().union(*(own(klass) for klass in _core.SlowPath.__mro__[:-1]))
+    assert own(python) & slow == set()
     assert own(compiled) & slow == set()
-    for name, python_type in (
-        ("_Block", _block.Block),
-        ("_BlockPool", _block.BlockPool),
-        ("_Stat", _stats.Stat),
-        ("_StatArray", _stats.StatArray),
-        ("_ActiveBlocks", dict),
-    ):
-        assert getattr(HitPath, name) is python_type
-        assert getattr(compiled, name) is getattr(_core.native, name[1:])
+    for name in ("_Block", "_BlockPool", "_Stat", "_StatArray", "_ActiveBlocks"):
+        python_type, compiled_type = getattr(python, name), getattr(compiled, name)
+        assert compiled_type is getattr(_core.native, name[1:])
+        assert python_type.__name__ == ("dict" if name == "_ActiveBlocks" else name[1:])
+        assert python_type.__module__ != compiled_type.__module__
 
 
 def test_active_blocks_behave_as_the_dict_they_replace() -> None:

@@ -26,7 +26,10 @@ __all__ = [
     "CORE_REASON",
     "Block",
     "CachingAllocator",
+    "HitPath",
+    "PythonHitPath",
     "ReferenceCachingAllocator",
+    "SlowPath",
     "native",
 ]
 

@@ -877,9 +877,6 @@ cdef class HitPath:
                 return i
         return stop
 
-    def _get_free_block(self, BlockPool pool not None, int64_t size, int64_t stream):
-        return self.get_free_block(pool, size, stream)
-
     cdef Block get_free_block(self, BlockPool pool, int64_t size, int64_t stream):
         if self._gc_configured and self._allowed_max is not None:
             pool.get_free_blocks_call_count += 1
@@ -898,9 +895,6 @@ cdef class HitPath:
         pool.drop(block)
         return block
 
-    def _note_floor(self, bint is_small, int64_t size):
-        self.note_floor(is_small, size)
-
     cdef inline void note_floor(self, bint is_small, int64_t size) noexcept:
         """memory/_policy.py ``page_floor`` of the live bytes with ``size`` more, kept as a
         high-water mark in ``_floor_peak`` (policy:accelrt's budget, docs/allocator.md 16.1)."""
@@ -916,9 +910,6 @@ cdef class HitPath:
         floor += (small + K_SMALL_BUFFER - 1) // K_SMALL_BUFFER * K_SMALL_BUFFER
         if floor > self._floor_peak:
             self._floor_peak = floor
-
-    def _alloc_found_block(self, Block block not None, int64_t size, int64_t nbytes):
-        return self.alloc_found_block(block, size, nbytes)
 
     cdef Block alloc_found_block(self, Block block, int64_t size, int64_t nbytes):
         cdef BlockPool pool = block.pool
@@ -960,9 +951,6 @@ cdef class HitPath:
             self._inactive_split.down(is_small, 1)
         self.mark_allocated(block, is_small, nbytes)
         return block
-
-    def _mark_allocated(self, Block block not None, int64_t nbytes):
-        self.mark_allocated(block, block.pool.is_small, nbytes)
 
     cdef inline int mark_allocated(self, Block block, bint is_small, int64_t nbytes) except -1:
         """Hand ``block`` out for a request of ``nbytes`` and count it in the statistics."""
@@ -1081,6 +1069,20 @@ cdef class HitPath:
     @staticmethod
     def _try_merge(Block dst not None, Block src, BlockPool pool not None):
         return _merge(dst, src, pool)
+
+    # the Python names of the cdef methods above, for the Python paths that call them
+    # (SlowPath, device/_arenas.py): the pair's one layout (device/_hit_path.py)
+    def _get_free_block(self, BlockPool pool not None, int64_t size, int64_t stream):
+        return self.get_free_block(pool, size, stream)
+
+    def _note_floor(self, bint is_small, int64_t size):
+        self.note_floor(is_small, size)
+
+    def _alloc_found_block(self, Block block not None, int64_t size, int64_t nbytes):
+        return self.alloc_found_block(block, size, nbytes)
+
+    def _mark_allocated(self, Block block not None, int64_t nbytes):
+        self.mark_allocated(block, block.pool.is_small, nbytes)
 
 
 cdef inline int64_t _growable_size(Block block) noexcept:
