@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -28,6 +29,22 @@ def test_memory_is_one_home() -> None:
     # the top level re-exports torch.accelerator's memory names from accelrt.memory
     for name in ("empty", "memory_stats", "empty_cache", "Buffer", "AllocatorConfig"):
         assert getattr(acc, name) is getattr(acc.memory, name)
+
+
+def test_compiled_modules_run_only_with_the_compiled_stream_ops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # buffers/_native.pyx cimports _stream_ops' Epoch: with _stream_ops from its source it
+    # would read a Python object as a C struct, so no compiled module loads then.
+    source = types.ModuleType("accelrt._stream_ops")
+    source.__file__ = "/somewhere/accelrt/_stream_ops.py"
+    monkeypatch.delenv("ACCELRT_PURE_PYTHON", raising=False)
+    monkeypatch.setattr(acc._compiled, "STREAM_OPS", source)
+    monkeypatch.setattr(acc._compiled, "STREAM_OPS_REASON", "the compiled module is not built")
+    assert acc._compiled.load("accelrt.memory.device._native") == (
+        None,
+        "accelrt._stream_ops is not compiled (the compiled module is not built)",
+    )
 
 
 def test_import_initialises_no_driver() -> None:

@@ -28,11 +28,15 @@ def load(name: str) -> tuple[ModuleType | None, str]:
     Returns
     -------
     (module or None, reason)
-        None, with why, when ``ACCELRT_PURE_PYTHON`` is set or the module is not built;
-        otherwise the module and ``"built at install"``.
+        None, with why, when ``ACCELRT_PURE_PYTHON`` is set, the module is not built, or
+        ``accelrt._stream_ops`` runs from its source (the compiled modules ``cimport`` its
+        ``Epoch``, so they run with its build or not at all); otherwise the module and
+        ``"built at install"``.
     """
     if _pure():
         return None, "ACCELRT_PURE_PYTHON is set"
+    if _is_source(STREAM_OPS):
+        return None, f"accelrt._stream_ops is not compiled ({STREAM_OPS_REASON})"
     try:
         return importlib.import_module(name), "built at install"
     except ImportError as exc:  # no compiler at install time, or a foreign build

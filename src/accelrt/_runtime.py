@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from ._device import Device, DeviceLike
 from ._errors import InputError
+from ._stream_ops import Epoch  # the build where there is one (accelrt/_compiled.py)
 from .backends import _install_use
 from .backends._base import Backend, get_backend, registered_backends
 
@@ -57,23 +58,8 @@ class _ThreadState(threading.local):
 _local = _ThreadState()
 
 
-class _Epoch:
-    """A counter bumped whenever what the current accelerator, device or stream is may change
-    (``use``, ``set_current_index``, a stream made current, ``reset_state``, a fork), so that
-    a per-thread cache of those lookups (the compiled ``accelrt.empty``) knows when it is stale.
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def bump(self) -> None:
-        """Invalidate every cached lookup."""
-        self.value += 1
-
-
-STATE_EPOCH = _Epoch()
+#: bumped by every change of what is current; the compiled ``accelrt.empty`` caches by it
+STATE_EPOCH = Epoch()
 _initialised: dict[str, int] = {}  # backend name -> pid of the process that initialised it
 _inherited: dict[str, int] = {}  # in a forked child: what the parent had initialised
 

@@ -1,6 +1,13 @@
 # The extension-type declarations of _stream_ops.py, which Cython compiles in pure-Python
 # mode: each class there is a cdef class here, each field a typed field. Change both together.
 
+from libc.stdint cimport int64_t
+
+
+cdef class Epoch:
+    cdef public int64_t value
+
+
 cdef class StreamCore:
     cdef public object _ops
     cdef object __weakref__

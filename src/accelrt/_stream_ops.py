@@ -3,20 +3,21 @@ stream's ``synchronize``, and OpenCL's and XPU's ``memcpy_async`` (docs/design.m
 written once").
 
 This file is plain Python and is also compiled, as it is, by Cython's pure-Python mode at
-install: ``_stream_ops.pxd`` beside it declares the four classes as extension types with typed
+install: ``_stream_ops.pxd`` beside it declares the five classes as extension types with typed
 fields, so that in the build the chain from ``stream.synchronize()`` to the driver runs no
 bytecode. The same code runs interpreted where the build is missing or ``ACCELRT_PURE_PYTHON``
 is set (``accelrt._compiled.load_source_or_build``). Change this file and its ``.pxd``
 together: a field here is a ``cdef public`` field there.
 
-``StreamCore`` holds ``accelrt.Stream``'s backend object and its two per-call methods;
-``Stream`` (_stream.py) derives from it. ``QueueStreamOps`` holds the fields of a backend's
-per-stream object whose stream is an in-order queue, and its ``synchronize``; ``SVMStreamOps``
-adds the copies of a queue whose copies are SVM memcpys through PyOpenCL (the base of OpenCL's
-``_CLStream``); ``USMStreamOps`` those of a SYCL queue through dpctl, and its wait (the base of
-XPU's ``_XPUStream``). A Python call costs about 25 ns and an idle ``clFinish`` through PyOpenCL
-about 80 ns, so two Python frames on top of the driver call were 1.45x the raw call
-(``bench/runtime_overhead.py`` measures it).
+``Epoch`` is the runtime's counter of changes to what is current, which the compiled
+``accelrt.empty`` reads. ``StreamCore`` holds ``accelrt.Stream``'s backend object and its two
+per-call methods; ``Stream`` (_stream.py) derives from it. ``QueueStreamOps`` holds the fields
+of a backend's per-stream object whose stream is an in-order queue, and its ``synchronize``;
+``SVMStreamOps`` adds the copies of a queue whose copies are SVM memcpys through PyOpenCL (the
+base of OpenCL's ``_CLStream``); ``USMStreamOps`` those of a SYCL queue through dpctl, and its
+wait (the base of XPU's ``_XPUStream``). A Python call costs about 25 ns and an idle
+``clFinish`` through PyOpenCL about 80 ns, so two Python frames on top of the driver call were
+1.45x the raw call (``bench/runtime_overhead.py`` measures it).
 
 Nothing here imports the rest of accelrt: it sits at the bottom of the layers.
 """
@@ -36,6 +37,26 @@ class _Ops(Protocol):
     def query(self) -> bool: ...
 
     def synchronize(self) -> None: ...
+
+
+class Epoch:
+    """A counter bumped whenever what the current accelerator, device or stream is may change
+    (``use``, ``set_current_index``, a stream made current, ``reset_state``, a fork), so that
+    a per-thread cache of those lookups knows when it is stale.
+
+    ``accelrt._runtime.STATE_EPOCH`` is the one instance; the compiled ``accelrt.empty``
+    (memory/buffers/_native.pyx) reads its ``value`` from C, which is why it lives here.
+    """
+
+    __slots__ = ("value",)
+    value: int
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        """Invalidate every cached lookup."""
+        self.value += 1
 
 
 class _Queue(Protocol):

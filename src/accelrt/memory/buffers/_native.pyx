@@ -18,6 +18,7 @@ from libc.stdint cimport int64_t, uint64_t
 
 cimport cython
 
+from ..._stream_ops cimport Epoch
 from ..device._native cimport (
     buffer_free,
     buffer_free_collected,
@@ -130,21 +131,6 @@ def adopt(type cls, type source):
 
 
 @cython.final
-cdef class Epoch:
-    """``accelrt._runtime.STATE_EPOCH`` where the compiled core runs: the same ``value`` and
-    ``bump()``, readable from C (see :func:`install_empty`)."""
-
-    cdef public int64_t value
-
-    def __init__(self, int64_t value=0):
-        self.value = value
-
-    def bump(self):
-        """Invalidate every cached lookup."""
-        self.value += 1
-
-
-@cython.final
 cdef class _Current:
     """One thread's cached lookups for ``empty(n)``: valid while the epoch is unchanged."""
 
@@ -154,7 +140,7 @@ cdef class _Current:
     cdef int64_t handle
 
 
-cdef Epoch _state_epoch = Epoch()
+cdef Epoch _state_epoch = Epoch()  # accelrt._runtime.STATE_EPOCH, from install_empty
 cdef object _reference_empty = None  # memory/_api.py's empty: every case but the common one
 cdef str _CACHE_KEY = "accelrt.memory.empty"
 # The thread that last called empty(n), and its cache: a program allocating from one thread
@@ -166,12 +152,11 @@ cdef _Current _last_current = None
 def install_empty(runtime, reference_empty):
     """Give :func:`empty` what it needs; memory/_api.py calls this once.
 
-    ``runtime`` is ``accelrt._runtime``: its ``STATE_EPOCH`` is replaced by an :class:`Epoch`
-    with the same value, which the runtime bumps as before and this module reads from C.
+    ``runtime`` is ``accelrt._runtime``: this module reads its ``STATE_EPOCH`` (the compiled
+    ``accelrt._stream_ops.Epoch``) from C.
     """
     global _state_epoch, _reference_empty
-    _state_epoch = Epoch(runtime.STATE_EPOCH.value)
-    runtime.STATE_EPOCH = _state_epoch
+    _state_epoch = <Epoch?>runtime.STATE_EPOCH
     _reference_empty = reference_empty
 
 
