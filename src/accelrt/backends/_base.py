@@ -44,10 +44,10 @@ __all__ = [
     "StreamOps",
     "available_backends",
     "bind_stream",
+    "choose_visible",
     "dtypes",
     "get_backend",
     "registered_backends",
-    "choose_visible",
     "visible_devices",
 ]
 

@@ -86,8 +86,6 @@ class SlowPath(
     _ActiveBlocks: type[dict[int, Block]]
     _make_lock: Callable[[], Any]
     free: Callable[[Block], None]
-    _get_free_block: Callable[[BlockPool, int, int], Block | None]
-    _mark_allocated: Callable[[Block, int], None]
 
     def __init__(
         self, backend: Backend, device_index: int, config: AllocatorConfig | None = None

@@ -53,7 +53,7 @@ class StreamEvents(Generic[B]):
     _events: dict[int, deque[tuple[Any, B, int]]]
     _idle_events: dict[int, list[Any]]  # device index -> completed events to reuse
     _finalized: list[Callable[[], None]]  # finalisers' work, run after an operation
-    _free_block: Callable[[B], None]  # the device allocator's HitPath defines it
+    _free_block: Callable[[B], None]  # the host allocator's own; the device one's HitPath's
 
     def _take_stream_uses(self, block: B) -> list[tuple[int, int]]:
         raise NotImplementedError
