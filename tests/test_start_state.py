@@ -10,7 +10,12 @@ import pytest
 
 import accelrt as acc
 from accelrt import cli
-from accelrt._start_state import calibrated_share, decides_alike, largest_size
+from accelrt._start_state import (
+    cached_free_blocks,
+    calibrated_share,
+    decides_alike,
+    largest_size,
+)
 from accelrt.memory import AllocatorConfig
 from accelrt.replay import replay
 from accelrt.trace import Trace, load
@@ -66,9 +71,7 @@ def test_another_setting_starts_from_a_modelled_state_with_its_range(tmp_path: P
     low, high = report.peak_reserved_low_bytes, report.peak_reserved_high_bytes
     assert low is not None and high is not None
     assert low <= report.peak_reserved_bytes <= high
-    # the bytes of the recording's free blocks at its start (its cached memory)
-    free = [b.size for s in recording.start_segments for b in s.blocks if b.requested_size == 0]
-    assert report.start_cached_bytes == sum(free)
+    assert report.start_cached_bytes == sum(size for size, _, _ in cached_free_blocks(recording))
     assert "cached bytes taken as live" in report.describe_start()
     # the range's ends are the model with none and with every cached byte held
     none = replay(trace, config="expandable_segments:True")
