@@ -1,6 +1,7 @@
 """Builds accelrt's compiled modules with Cython: the allocator's hit path
-(src/accelrt/memory/device/_native.pyx), the public fast path over it (Buffer, empty, copy_:
-src/accelrt/memory/buffers/_native.pyx) and the streams' per-call methods
+(src/accelrt/memory/device/_native.pyx), the public fast path over it (Buffer:
+src/accelrt/memory/buffers/_native.pyx; empty and copy_: src/accelrt/memory/calls/_native.pyx)
+and the streams' per-call methods
 (src/accelrt/_stream_ops.py, plain Python compiled as it is in Cython's pure-Python mode, typed
 by _stream_ops.pxd).
 
@@ -44,6 +45,11 @@ extensions = [
     Extension(
         "accelrt.memory.buffers._native",
         ["src/accelrt/memory/buffers/_native.pyx"],
+        extra_compile_args=["-O3"],
+    ),
+    Extension(
+        "accelrt.memory.calls._native",
+        ["src/accelrt/memory/calls/_native.pyx"],
         extra_compile_args=["-O3"],
     ),
     Extension(

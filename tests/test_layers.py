@@ -36,7 +36,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("memory._config", "memory._policy", "memory._atomic", "memory.history"),
     ("memory.device",),  # the caching allocator
     ("_stream",),
-    ("memory.buffers", "memory.host", "memory._snapshots", "memory._api", "memory", "_graph"),
+    (
+        "memory.buffers",
+        "memory.host",
+        "memory.calls",
+        "memory._snapshots",
+        "memory._api",
+        "memory",
+        "_graph",
+    ),
     ("interop",),
     ("trace",),
     ("_offline_plan", "_bounds", "_start_state"),

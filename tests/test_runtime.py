@@ -34,7 +34,7 @@ def test_memory_is_one_home() -> None:
 def test_compiled_modules_run_only_with_the_compiled_stream_ops(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # buffers/_native.pyx cimports _stream_ops' Epoch: with _stream_ops from its source it
+    # calls/_native.pyx cimports _stream_ops' Epoch: with _stream_ops from its source it
     # would read a Python object as a C struct, so no compiled module loads then.
     source = types.ModuleType("accelrt._stream_ops")
     source.__file__ = "/somewhere/accelrt/_stream_ops.py"

@@ -2,8 +2,9 @@
 
 ``pip install`` builds the compiled modules where it can: the allocator's hit path
 (memory/device/_native.pyx, with a Python twin), the public fast path over it
-(memory/buffers/_native.pyx: ``Buffer``, ``empty``, ``copy_``, with Python twins) and the
-streams' per-call methods (_stream_ops.py, one Python source that Cython compiles as it is).
+(memory/buffers/_native.pyx: ``Buffer``; memory/calls/_native.pyx: ``empty``, ``copy_``; with
+Python twins) and the streams' per-call methods (_stream_ops.py, one Python source that Cython
+compiles as it is).
 The Python code runs where they were not built, or everywhere when ``ACCELRT_PURE_PYTHON`` is
 set to a true value (docs/design.md, "Two cores").
 """

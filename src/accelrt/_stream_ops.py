@@ -45,7 +45,7 @@ class Epoch:
     a per-thread cache of those lookups knows when it is stale.
 
     ``accelrt._runtime.STATE_EPOCH`` is the one instance; the compiled ``accelrt.empty``
-    (memory/buffers/_native.pyx) reads its ``value`` from C, which is why it lives here.
+    (memory/calls/_native.pyx) reads its ``value`` from C, which is why it lives here.
     """
 
     __slots__ = ("value",)

@@ -1,9 +1,9 @@
 """``accelrt.copy_`` on the compiled core gives what the Python reference gives, case by case
 and on generated host arrays.
 
-With the compiled core, ``copy_`` is memory/buffers/_native.pyx's fast path: it takes the common
+With the compiled core, ``copy_`` is memory/calls/_native.pyx's fast path: it takes the common
 copies itself and hands every other call (a HostBuffer, any error) to the Python function in
-memory/_api.py. Each case below runs through both on fresh, identical operands and must end
+memory/calls/_calls.py. Each case below runs through both on fresh, identical operands and must end
 the same way: the same bytes in the destination, or the same error. On the pure-Python core
 both are the reference, and the cases check its results alone.
 """
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import accelrt as acc
-from accelrt.memory import _api
-from accelrt.memory.buffers import _buffer
+from accelrt.memory import calls
+from accelrt.memory.calls import _calls
 from accelrt.memory.device import _core
 
 N = 64  # bytes of every operand
@@ -142,7 +142,7 @@ def test_compiled_copy_matches_the_reference(device: str, case: str) -> None:
     if case in TWO_DEVICES and acc.device_count() < 2:
         pytest.skip(f"{device} has {acc.device_count()} device(s); this case needs 2")
     compiled = _outcome(acc.copy_, case)
-    reference = _outcome(_api._copy_reference, case)
+    reference = _outcome(_calls.copy_, case)
     assert compiled == reference
     if list(CASES).index(case) < list(CASES).index("no buffer"):  # a copy that succeeds
         src = CASES[case]()[1]
@@ -153,12 +153,12 @@ def test_compiled_copy_matches_the_reference(device: str, case: str) -> None:
 
 def test_compiled_copy_is_in_use() -> None:
     if _core.native is None:  # the Python core: no compiled fast path either
-        assert _buffer.native is None
-        assert acc.copy_ is _api._copy_reference
+        assert calls.native is None
+        assert acc.copy_ is _calls.copy_
     else:
-        assert _buffer.native is not None
-        assert acc.copy_ is _buffer.native.copy_
-        assert acc.copy_.__doc__ == _api._copy_reference.__doc__
+        assert calls.native is not None
+        assert acc.copy_ is calls.native.copy_
+        assert acc.copy_.__doc__ == _calls.copy_.__doc__
 
 
 @st.composite
@@ -182,7 +182,7 @@ def test_generated_host_copies_match_the_reference(
 ) -> None:
     acc.backends.use("sim")
     outcomes = []
-    for copy in (acc.copy_, _api._copy_reference):
+    for copy in (acc.copy_, _calls.copy_):
         host = array.copy() if array.flags.c_contiguous else array
         host.flags.writeable = array.flags.writeable
         buf = acc.empty(max(array.nbytes + extra, 0))

@@ -1,7 +1,7 @@
 """``accelrt.empty(n)`` follows every change of current device, stream and accelerator.
 
 With the compiled core, the common call ``empty(n)`` takes a per-thread cache of the current
-device's allocator and stream (memory/buffers/_native.pyx); these tests change what is current
+device's allocator and stream (memory/calls/_native.pyx); these tests change what is current
 in each
 way the runtime allows and check that the next ``empty(n)`` sees it. On the pure-Python core
 the same tests check the reference, which looks everything up on every call.

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ArrayOwner", "Buffer", "ExportPin", "FreedWhenCollected", "MemoryHandle"]
 
-#: buffers/_native.pyx (``Buffer``, ``empty``, ``copy_`` compiled) where the allocator's compiled
+#: buffers/_native.pyx (``Buffer`` compiled) where the allocator's compiled
 #: core runs, else None
 native = None if _core.native is None else load("accelrt.memory.buffers._native")[0]
 

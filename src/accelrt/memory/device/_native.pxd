@@ -1,5 +1,6 @@
-# What buffers/_native.pyx calls in the allocator's compiled hit path (device/_native.pyx):
-# Buffer.free and its finaliser, and empty(n)'s cache hit (docs/design.md, "Pairs").
+# What buffers/_native.pyx and calls/_native.pyx call in the allocator's compiled hit path
+# (device/_native.pyx): Buffer.free and its finaliser, and empty(n)'s cache hit (docs/design.md,
+# "Pairs").
 
 from libc.stdint cimport int64_t
 

@@ -10,9 +10,9 @@ and replay.py (``_run_chunk``: ``run_events``).
 This module holds the allocator's hot data and the operations that run on every call:
 ``Block`` and ``BlockPool`` (free blocks indexed by (stream, size, address) in C++ ordered
 sets), ``Stat``/``StatArray`` (statistics as C integers), and ``HitPath``: ``malloc``,
-``free``, the best-fit lookup, splitting and merging. The public fast path (``Buffer``,
-``empty(n)``, ``copy_``) is buffers/_native.pyx, which calls in here through the functions
-_native.pxd declares.
+``free``, the best-fit lookup, splitting and merging. The public fast path (``Buffer``:
+buffers/_native.pyx; ``empty(n)``, ``copy_``: calls/_native.pyx) calls in here through the
+functions _native.pxd declares.
 
 ``CachingAllocator`` (memory/device/_core.py) is ``HitPath`` in front of ``SlowPath``
 (memory/device/_allocator.py), on this core and on the Python one alike: every rare path (new
@@ -1133,7 +1133,7 @@ cdef int64_t _merge(Block dst, Block src, BlockPool pool):
     return absorbed
 
 
-# --------------------------------------------- what buffers/_native.pyx calls (_native.pxd)
+# ------------------------------- what buffers/ and calls/_native.pyx call (_native.pxd)
 cdef object buffer_malloc(object allocator, object nbytes, int64_t stream, int64_t* address):
     """``allocator`` (a ``HitPath``)'s ``malloc`` of ``nbytes`` (an ``int``) on ``stream``: the
     block, its address in ``address``; None, allocating nothing, when ``nbytes`` is not a
