@@ -14,7 +14,10 @@ from typing import Protocol
 from . import _runtime
 from ._device import Device, DeviceLike
 from ._readonly import read_only
-from ._stream_ops import StreamCore  # the build where there is one (accelrt/_compiled.py)
+from ._stream_ops import (
+    EventCore,
+    StreamCore,
+)  # the build where there is one (accelrt/_compiled.py)
 from .backends._base import Backend, EventHandle, StreamOps, bind_stream
 from .memory._atomic import finaliser
 
@@ -333,7 +336,7 @@ class Stream(StreamCore):
             pass
 
 
-class Event:
+class Event(EventCore):
     """A point in a stream's work: record it, wait for it, time between two of them.
 
     Parameters
@@ -347,13 +350,14 @@ class Event:
     before recording. Mirrors ``torch.Event``.
     """
 
-    __slots__ = ("_backend", "_enable_timing", "_handle", "_index")
+    __slots__ = ("_backend", "_enable_timing", "_index")  # and EventCore's (_stream_ops.py)
 
     def __init__(self, enable_timing: bool = False) -> None:
         self._enable_timing = bool(enable_timing)
         self._backend: Backend | None = None
         self._index: int | None = None
         self._handle: EventHandle | None = None
+        self._query = None
 
     @property
     def device(self) -> Device | None:
@@ -396,6 +400,7 @@ class Event:
         if backend is None:
             self._backend, self._index = stream._backend, stream._index
             self._handle = stream._backend.event_create(stream._index, self._enable_timing)
+            self._query = stream._backend.event_query
         elif (backend is not stream._backend or self._index != stream._index) and (
             (backend.name, self._index) != (stream._backend.name, stream._index)
         ):  # the tuples only when the quick identity test fails
@@ -413,12 +418,6 @@ class Event:
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"Event.wait() takes a Stream, got {type(stream).__name__}")
         (stream if stream is not None else current_stream()).wait_event(self)
-
-    def query(self) -> bool:
-        """Return True if the recorded work has completed (True if never recorded)."""
-        if self._backend is None:
-            return True
-        return self._backend.event_query(self._handle)
 
     def synchronize(self) -> None:
         """Block until the recorded work has completed (returns at once if never recorded)."""

@@ -3,6 +3,8 @@
 
 from libc.stdint cimport int64_t
 
+cimport cython
+
 
 cdef class Epoch:
     cdef public int64_t value
@@ -11,6 +13,10 @@ cdef class Epoch:
 cdef class StreamCore:
     cdef public object _ops
     cdef object __weakref__
+
+
+cdef class EventCore:
+    cdef public object _handle, _query
 
 
 cdef class QueueStreamOps:
@@ -30,3 +36,8 @@ cdef class USMStreamOps(QueueStreamOps):
     cdef public tuple last_view
     cdef public Py_ssize_t scan_at
     cdef wait_for(self, object queue)
+    cpdef bint marker_done(self, object marker, str call=*) except -1
+
+
+@cython.locals(stream=USMStreamOps)
+cpdef bint query_usm_event(object event) except -1

@@ -1,9 +1,9 @@
-"""The per-call methods of streams, written once: ``Stream.query``/``synchronize``, a queue
-stream's ``synchronize``, and OpenCL's and XPU's ``memcpy_async`` (docs/design.md, "Streams
-written once").
+"""The per-call methods of streams, written once: ``Stream.query``/``synchronize``,
+``Event.query``, a queue stream's ``synchronize``, and OpenCL's and XPU's ``memcpy_async``
+(docs/design.md, "Streams written once").
 
 This file is plain Python and is also compiled, as it is, by Cython's pure-Python mode at
-install: ``_stream_ops.pxd`` beside it declares the five classes as extension types with typed
+install: ``_stream_ops.pxd`` beside it declares the six classes as extension types with typed
 fields, so that in the build the chain from ``stream.synchronize()`` to the driver runs no
 bytecode. The same code runs interpreted where the build is missing or ``ACCELRT_PURE_PYTHON``
 is set (``accelrt._compiled.load_source_or_build``). Change this file and its ``.pxd``
@@ -11,7 +11,8 @@ together: a field here is a ``cdef public`` field there.
 
 ``Epoch`` is the runtime's counter of changes to what is current, which the compiled
 ``accelrt.empty`` reads. ``StreamCore`` holds ``accelrt.Stream``'s backend object and its two
-per-call methods; ``Stream`` (_stream.py) derives from it. ``QueueStreamOps`` holds the fields
+per-call methods; ``Stream`` (_stream.py) derives from it. ``EventCore`` holds
+``accelrt.Event``'s backend and native event, and its ``query``. ``QueueStreamOps`` holds the fields
 of a backend's per-stream object whose stream is an in-order queue, and its ``synchronize``;
 ``SVMStreamOps`` adds the copies of a queue whose copies are SVM memcpys through PyOpenCL (the
 base of OpenCL's ``_CLStream``); ``USMStreamOps`` those of a SYCL queue through dpctl, and its
@@ -28,7 +29,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
-__all__ = ["NO_VIEW", "QueueStreamOps", "SVMStreamOps", "StreamCore", "USMStreamOps"]
+__all__ = [
+    "NO_VIEW",
+    "EventCore",
+    "QueueStreamOps",
+    "SVMStreamOps",
+    "StreamCore",
+    "USMStreamOps",
+    "query_usm_event",
+]
 
 
 class _Ops(Protocol):
@@ -85,6 +94,24 @@ class StreamCore:
             queue_ops.synchronize()
         else:
             ops.synchronize()
+
+
+class EventCore:
+    """``accelrt.Event``'s native event and its backend's ``event_query`` (bound, so that the
+    build calls it without looking it up on the backend: 40 ns of a 200 ns query through
+    dpctl), both None before the first record, and its ``query``. (Its other fields are
+    ``Event``'s own slots.)"""
+
+    __slots__ = ("_handle", "_query")
+    _handle: object
+    _query: Callable[[Any], bool] | None
+
+    def query(self) -> bool:
+        """Return True if the recorded work has completed (True if never recorded)."""
+        query = self._query
+        if query is None:
+            return True
+        return query(self._handle)
 
 
 class QueueStreamOps:
@@ -207,6 +234,36 @@ class SVMStreamOps(QueueStreamOps):
             raise
 
 
+class _SyclEvent(Protocol):
+    """What ``USMStreamOps.marker_done`` reads of a ``dpctl.SyclEvent``."""
+
+    @property
+    def execution_status(self) -> object: ...
+
+
+class _USMEvent(Protocol):
+    """What ``query_usm_event`` reads of an ``xpu`` event handle (backends/xpu/_queues.py
+    ``XPUEvent``)."""
+
+    @property
+    def marker(self) -> _SyclEvent | None: ...
+
+    @property
+    def stream(self) -> USMStreamOps | None: ...
+
+
+def query_usm_event(event: _USMEvent) -> bool:
+    """The ``xpu`` backend's ``event_query``: True if ``event`` was never recorded, else whether
+    its marker has completed. Compiled, ``Event.query`` reaches dpctl with no Python frame
+    between."""
+    marker = event.marker
+    if marker is None:
+        return True
+    stream = event.stream
+    assert stream is not None  # a marker is recorded on a stream
+    return stream.marker_done(marker)
+
+
 NO_VIEW: tuple[int, int, object] = (-1, -1, None)
 """``USMStreamOps.last_view`` when there is none (no address is -1)."""
 
@@ -248,12 +305,15 @@ class USMStreamOps(QueueStreamOps):
         """Whether the last command accelrt submitted (``last``) has completed: True when
         there is none (work submitted directly to the native queue is not seen)."""
         last: Any = self.last
-        if last is None:
-            return True
+        return last is None or self.marker_done(last, "stream_query")
+
+    def marker_done(self, marker: _SyclEvent, call: str = "event_query") -> bool:
+        """Whether ``marker``, a command of this queue, has completed; a dpctl error is
+        ``failed(call, error)``'s."""
         try:
-            done: bool = last.execution_status == self.complete
+            done: bool = marker.execution_status == self.complete
         except Exception as exc:
-            self.failed("stream_query", exc)
+            self.failed(call, exc)
             raise
         return done
 

@@ -1,6 +1,6 @@
-"""The ``xpu`` backend's copies and waits (``USMStreamOps``, accelrt/_stream_ops.py): what a
-copy and a ``synchronize`` do, and the same from the compiled build and from the Python source
-of that one file.
+"""The ``xpu`` backend's copies, waits and event queries (``USMStreamOps`` and
+``query_usm_event``, accelrt/_stream_ops.py): what a copy, a ``synchronize`` and a query do, and
+the same from the compiled build and from the Python source of that one file.
 
 ``_XPUStream`` derives from ``USMStreamOps``: Cython's build of _stream_ops.py where it is
 installed, else the module run from its source. Here both run one script over recording fakes
@@ -207,3 +207,22 @@ def test_query_asks_the_last_command(build: str) -> None:
     with pytest.raises(RuntimeError, match="device lost"):
         stream.query()
     assert stream.calls == [("failed", "stream_query", "device lost")]
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_an_event_query_asks_its_marker(build: str) -> None:
+    module = _SOURCE if build == "source" else _compiled.STREAM_OPS
+    stream = _recorder(*BUILDS[build])
+    stream.complete = "complete"
+
+    class Handle:  # an XPUEvent stand-in: the marker of its last record and its stream
+        def __init__(self, marker: _Event | None) -> None:
+            self.marker = marker
+            self.stream = stream if marker is not None else None
+
+    assert module.query_usm_event(Handle(None)) is True  # never recorded
+    assert module.query_usm_event(Handle(_Event("running"))) is False
+    assert module.query_usm_event(Handle(_Event("complete"))) is True
+    with pytest.raises(RuntimeError, match="device lost"):
+        module.query_usm_event(Handle(_Event("lost")))
+    assert stream.calls == [("failed", "event_query", "device lost")]
