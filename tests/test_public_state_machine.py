@@ -824,19 +824,26 @@ class PublicMemoryMachine(RuleBasedStateMachine):
         self.faulty = True
         self.backend.arm(method, error)
         try:
-            if op == "alloc":
-                self._alloc(nbytes, self._stream(stream))
-            elif op == "empty_cache":
-                acc.empty_cache()
-            elif op == "free_orphan":
-                self._free(self._orphans()[pick % len(self._orphans())])
-            else:
-                self._record_and_free(pick, stream)
+            with caught_warnings() as caught:
+                if op == "alloc":
+                    self._alloc(nbytes, self._stream(stream))
+                elif op == "empty_cache":
+                    acc.empty_cache()
+                elif op == "free_orphan":
+                    self._free(self._orphans()[pick % len(self._orphans())])
+                else:
+                    self._record_and_free(pick, stream)
         except INJECTED:
             note(f"fault: {method} raised out of {op}")
         finally:
             self.backend.disarm()
             self.faulty = False
+        # what the run may warn of: the injected fault (a release that failed, an event
+        # not recorded), or a freed buffer's stream that is gone (no event recorded on it)
+        for w in caught:
+            text = str(w.message)
+            assert issubclass(w.category, RuntimeWarning), text
+            assert "injected" in text or "no event could be recorded" in text, text
         if self.backend.fired[method] > fired:
             note(f"fault: {method} fired in {op}")
 
