@@ -21,6 +21,7 @@ cdef class EventCore:
 
 cdef class QueueStreamOps:
     cdef public object queue, last, keep
+    cpdef object live_queue(self)
     cdef wait_for(self, object queue)
     cpdef synchronize(self)
 

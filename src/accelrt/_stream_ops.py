@@ -134,6 +134,13 @@ class QueueStreamOps:
         """Raise the error of a stream that does not exist (any more)."""
         raise NotImplementedError
 
+    def live_queue(self) -> Any:
+        """The queue (a subclass's type); ``missing()``'s error once the stream was destroyed."""
+        queue = self.queue
+        if queue is None:
+            self.missing()
+        return queue
+
     def failed(self, call: str, exc: Exception) -> None:
         """Raise the error for driver exception ``exc`` in ``call``, or return to re-raise it."""
 
@@ -159,9 +166,7 @@ class QueueStreamOps:
         in the old one was appended, so enqueued, before it, and is forgotten without asking
         its command's status. What another thread enqueues meanwhile goes to the new one.
         """
-        queue = self.queue
-        if queue is None:
-            self.missing()
+        queue = self.live_queue()
         done = self.keep
         if done:
             self.keep = deque()
@@ -201,9 +206,7 @@ class SVMStreamOps(QueueStreamOps):
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
         (in ``keep``, as ``(event, host memoryview)``; when it is trimmed: ``_CLStream.rescan``).
         """
-        queue = self.queue
-        if queue is None:
-            self.missing()
+        queue = self.live_queue()
         host: memoryview | None = None
         try:
             if isinstance(dst, int):
@@ -334,9 +337,7 @@ class USMStreamOps(QueueStreamOps):
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """``queue.memcpy_async``, non-blocking; host memory (a memoryview, either side) is
         kept alive until the copy completes (in ``keep``, as ``(event, host memoryview)``)."""
-        queue = self.queue
-        if queue is None:
-            self.missing()
+        queue = self.live_queue()
         host: memoryview | None = None
         try:
             if isinstance(dst, int):

@@ -163,9 +163,7 @@ class _CLStream(SVMStreamOps):
 
     def record(self, event: QueueEvent) -> None:
         """Enqueue a marker on the queue: the new marker of the event (an ``OpenCLEvent``)."""
-        queue = self.queue
-        if queue is None:
-            raise _no_stream(self.device.index, self.handle)
+        queue = self.live_queue()
         try:
             event.marker = self.last = self.device.marker(queue, None)
             event.stream = self

@@ -78,18 +78,9 @@ class _XPUStream(USMStreamOps):
         self.scan_at = _KEEP_SCAN
         self.complete = device.complete
 
-    def live_queue(self) -> SyclQueue:
-        """The queue; the ``ValueError`` of an unknown handle once the stream was destroyed."""
-        queue = self.queue
-        if queue is None:
-            raise _no_stream(self.device.index, self.handle)
-        return queue
-
     def record(self, event: QueueEvent) -> None:
         """Submit a barrier: the new marker of the event (an ``XPUEvent``)."""
-        queue = self.queue
-        if queue is None:
-            raise _no_stream(self.device.index, self.handle)
+        queue = self.live_queue()
         try:
             event.marker = self.last = queue.submit_barrier()
         except Exception as exc:
