@@ -1,4 +1,4 @@
-# The compiled Buffer's fields, and the C function that makes one, for the compiled calls over
+# The compiled Buffer's fields, and the C function that allocates one, for the compiled calls over
 # it (memory/calls/_native.pyx).
 from libc.stdint cimport int64_t
 
@@ -12,4 +12,4 @@ cdef class Buffer:
     cdef object __weakref__
 
 
-cdef Buffer new_buffer(object allocator, object block, object stream, object nbytes, int64_t ptr)
+cdef Buffer malloc_buffer(object allocator, object nbytes, int64_t handle, object stream)

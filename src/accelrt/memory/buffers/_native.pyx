@@ -7,13 +7,16 @@ repeated). The compiled ``empty(n)`` and ``copy_`` that make and read these buff
 memory/calls/_native.pyx.
 
 It runs where the allocator's compiled core (device/_native.pyx) runs, and reaches that core
-only through the functions device/_native.pxd declares: freeing a buffer is one C call into
-the hit path and no Python call.
+only through the functions device/_native.pxd declares: making a buffer (``malloc_buffer``,
+for the compiled ``empty``) and freeing one are each one C call into the hit path and no
+Python call.
 """
+
+from libc.stdint cimport int64_t
 
 cimport cython
 
-from ..device._native cimport buffer_free, buffer_free_collected
+from ..device._native cimport buffer_free, buffer_free_collected, buffer_malloc
 
 __all__ = ["Buffer", "adopt"]
 
@@ -73,16 +76,21 @@ cdef class Buffer:
             pass
 
 
-cdef Buffer new_buffer(object allocator, object block, object stream, object nbytes, int64_t ptr):
-    """A buffer of ``block`` (at ``ptr``) from ``allocator`` on ``stream``, taken from the free
-    list (memory/calls/_native.pyx ``empty``: a call from another module would not inline the
-    free list)."""
+cdef Buffer malloc_buffer(object allocator, object nbytes, int64_t handle, object stream):
+    """A buffer of ``nbytes`` from the hit path of ``allocator`` (a compiled ``HitPath``) on
+    ``stream`` (whose handle is ``handle``), made from the free list; None where the request is
+    not valid (the Python ``empty`` then raises). memory/calls/_native.pyx ``empty``'s cache
+    hit: one call, as the free list is inlined only in this module."""
+    cdef int64_t address
+    block = buffer_malloc(allocator, nbytes, handle, &address)
+    if block is None:
+        return None
     cdef Buffer buffer = Buffer.__new__(Buffer)
     buffer._allocator = allocator
     buffer._block = block
     buffer._stream = stream
     buffer.nbytes = nbytes
-    buffer.ptr = ptr
+    buffer.ptr = address
     return buffer
 
 

@@ -4,9 +4,9 @@
 Python twin (change both; docs/design.md, "Pairs"): calls/_calls.py, whose ``empty`` and
 ``copy_`` take every call these functions do not, and whose docstrings are theirs.
 
-It makes and reads the compiled ``Buffer`` (buffers/_native.pxd) and reaches the allocator's
-compiled core only through the functions device/_native.pxd declares: a cache-hit
-``empty(n).free()`` is then two C calls into the hit path and no Python call.
+It reads the compiled ``Buffer`` (buffers/_native.pxd), whose module makes one from the
+allocator's compiled hit path (``malloc_buffer``) and frees it: a cache-hit ``empty(n).free()``
+is then C calls only, and no Python call.
 """
 
 from cpython.buffer cimport PyBuffer_IsContiguous
@@ -17,8 +17,8 @@ from libc.stdint cimport int64_t, uint64_t
 cimport cython
 
 from ..._stream_ops cimport Epoch
-from ..buffers._native cimport Buffer, new_buffer
-from ..device._native cimport buffer_malloc, is_hit_path
+from ..buffers._native cimport Buffer, malloc_buffer
+from ..device._native cimport is_hit_path
 
 from ... import _runtime
 from ..._stream import Stream, _current
@@ -79,13 +79,13 @@ def empty(nbytes, *, device=None, stream=None):
     """
     global _last_thread, _last_current
     cdef _Current current
-    cdef int64_t address
+    cdef Buffer buffer
     if device is None and stream is None and type(nbytes) is int:
         current = _cached_current()
         if current is not None and current.epoch == _state_epoch.value:
-            block = buffer_malloc(current.allocator, nbytes, current.handle, &address)
-            if block is not None:  # (None: not a valid request; the Python function raises)
-                return new_buffer(current.allocator, block, current.stream, nbytes, address)
+            buffer = malloc_buffer(current.allocator, nbytes, current.handle, current.stream)
+            if buffer is not None:  # (None: not a valid request; the Python function raises)
+                return buffer
     cdef int64_t epoch = _state_epoch.value
     result = _calls.empty(nbytes, device=device, stream=stream)
     if (
