@@ -16,6 +16,9 @@ import threading
 import pytest
 
 import accelrt as acc
+from accelrt.memory import calls
+from accelrt.memory.calls import _calls
+from accelrt.memory.device import _core
 from accelrt.testing import install_backend, reset_runtime
 
 
@@ -106,6 +109,17 @@ def test_arguments_and_errors_are_the_reference_ones(two_sims: None) -> None:
     side = acc.Stream(device=1)
     assert acc.empty(512, stream=side).stream == side
     assert acc.memory_stats(0)["allocation.all.current"] == 0  # nothing left allocated
+
+
+def test_the_compiled_empty_is_in_use_where_the_core_is() -> None:
+    # memory/calls picks the compiled empty where the compiled core runs, which falls back to
+    # the Python one it imports; on the Python core the Python one is the public function
+    if _core.native is None:
+        assert calls.native is None and acc.empty is _calls.empty
+    else:
+        assert calls.native is not None and acc.empty is calls.native.empty
+        assert acc.empty is not _calls.empty and acc.empty.__doc__ == _calls.empty.__doc__
+    assert acc.memory.empty is acc.empty
 
 
 def test_threads_taking_turns_each_see_their_own_device(two_sims: None) -> None:
