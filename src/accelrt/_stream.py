@@ -14,10 +14,7 @@ from typing import Protocol
 from . import _runtime
 from ._device import Device, DeviceLike
 from ._readonly import read_only
-from ._stream_ops import (
-    EventCore,
-    StreamCore,
-)  # the build where there is one (accelrt/_compiled.py)
+from ._stream_ops import EventCore, StreamCore  # the build where there is one (_compiled.py)
 from .backends._base import Backend, EventHandle, StreamOps, bind_stream
 from .memory._atomic import finaliser
 

@@ -12,13 +12,14 @@ together: a field here is a ``cdef public`` field there.
 ``Epoch`` is the runtime's counter of changes to what is current, which the compiled
 ``accelrt.empty`` reads. ``StreamCore`` holds ``accelrt.Stream``'s backend object and its two
 per-call methods; ``Stream`` (_stream.py) derives from it. ``EventCore`` holds
-``accelrt.Event``'s backend and native event, and its ``query``. ``QueueStreamOps`` holds the fields
-of a backend's per-stream object whose stream is an in-order queue, and its ``synchronize``;
-``SVMStreamOps`` adds the copies of a queue whose copies are SVM memcpys through PyOpenCL (the
-base of OpenCL's ``_CLStream``); ``USMStreamOps`` those of a SYCL queue through dpctl, and its
-wait (the base of XPU's ``_XPUStream``). A Python call costs about 25 ns and an idle
-``clFinish`` through PyOpenCL about 80 ns, so two Python frames on top of the driver call were
-1.45x the raw call (``bench/runtime_overhead.py`` measures it).
+``accelrt.Event``'s native event and its ``query``; ``Event`` derives from it.
+``QueueStreamOps`` holds the fields of a backend's per-stream object whose stream is an
+in-order queue, and its ``synchronize``; ``SVMStreamOps`` adds the copies of a queue whose
+copies are SVM memcpys through PyOpenCL (the base of OpenCL's ``_CLStream``); ``USMStreamOps``
+those of a SYCL queue through dpctl, and its wait (the base of XPU's ``_XPUStream``). A
+Python call costs about 25 ns and an idle ``clFinish`` through PyOpenCL about 80 ns, so two
+Python frames on top of the driver call were 1.45x the raw call (``bench/runtime_overhead.py``
+measures it).
 
 Nothing here imports the rest of accelrt: it sits at the bottom of the layers.
 """
@@ -97,10 +98,10 @@ class StreamCore:
 
 
 class EventCore:
-    """``accelrt.Event``'s native event and its backend's ``event_query`` (bound, so that the
-    build calls it without looking it up on the backend: 40 ns of a 200 ns query through
-    dpctl), both None before the first record, and its ``query``. (Its other fields are
-    ``Event``'s own slots.)"""
+    """``accelrt.Event``'s native event and its backend's ``event_query``, bound at the first
+    record (both None before it), and its ``query``. (Its other fields are ``Event``'s own
+    slots.) Where the backend's ``event_query`` is compiled too (``xpu``: ``query_usm_event``),
+    a query runs no bytecode until the driver."""
 
     __slots__ = ("_handle", "_query")
     _handle: object
