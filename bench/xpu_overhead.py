@@ -28,6 +28,15 @@ microseconds. The raw copies write the accelrt buffer's own memory (dpctl's view
 ``__sycl_usm_array_interface__``): the same bytes for both sides, since two USM allocations of
 one size copy at rates a few percent apart, either way. Asserts nothing (timing is not a test).
 
+On Intel's OpenCL CPU device a copy runs on the runtime's host threads, on the cores the
+caller runs on, so the host work around a copy costs it more than it costs in a loop. On a
+2-core VM, 1 MiB copy + wait (about 50 us), medians of 300-400 paired batches against dpctl's
+call on a kept memoryview: a memoryview of the array made for each copy (as ``copy_`` makes
+one; 0.12 us in a loop) +1.4 us, with the copy's event and host object kept until the
+synchronize +0.6-1.6 us, the event released after the wait +0.7-1.0 us; the whole ``copy_`` +
+``synchronize`` +5.3-5.9 us, hence the 1 MiB row's 90-93% there (95-97% on the AMD EPYC VMs
+of earlier runs).
+
     python bench/xpu_overhead.py [--batches 100] [--batch 200]
 """
 
