@@ -465,7 +465,7 @@ def setting_text(label: str, source: str) -> str:
     return label if source in ("", label) else f"{label} (from {source})"
 
 
-def _recorded_division(key: Any, value: Any) -> tuple[int, int]:
+def _recorded_division(key: object, value: object) -> tuple[int, int]:
     """One ``{"<MiB>": divisions}`` entry of recorded settings, as two ints."""
     size_mb, divisions = _ascii_int(key), _ascii_int(value)
     if size_mb is None or divisions is None:
@@ -511,7 +511,7 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
     return items
 
 
-def _convert(key: str, raw: Any) -> dict[str, Any]:
+def _convert(key: str, raw: object) -> dict[str, Any]:
     """Validate one setting and return the dataclass fields it sets."""
     if key == "max_split_size_mb":
         return {"max_split_size": _int_at_least(key, raw, 20) * MiB}
@@ -541,7 +541,7 @@ def _convert(key: str, raw: Any) -> dict[str, Any]:
     raise InputError(f"unknown allocator setting {key!r}; known settings: {', '.join(_KEYS)}")
 
 
-def _ascii_int(raw: Any) -> int | None:
+def _ascii_int(raw: object) -> int | None:
     """``raw`` as an int if it is an int (not bool) or a string of ASCII digits, else None."""
     if isinstance(raw, bool):
         return None
@@ -552,13 +552,13 @@ def _ascii_int(raw: Any) -> int | None:
     return None
 
 
-def _check_type(key: str, raw: Any, types: tuple[type, ...], what: str) -> None:
+def _check_type(key: str, raw: object, types: tuple[type, ...], what: str) -> None:
     """Refuse a value of another type than ``types`` (from a mapping; bool is refused too)."""
     if isinstance(raw, bool) or not isinstance(raw, types):
         raise TypeError(f"{key} must be {what}, got {type(raw).__name__} {_shown(raw)}")
 
 
-def _int_at_least(key: str, raw: Any, minimum: int) -> int:
+def _int_at_least(key: str, raw: object, minimum: int) -> int:
     _check_type(key, raw, (int, str), f"an integer >= {minimum} (MiB)")
     value = _ascii_int(raw)
     allowed = f"allowed: ASCII digits, {minimum} to {MAX_MB} (2**40)"
@@ -571,13 +571,13 @@ def _int_at_least(key: str, raw: Any, minimum: int) -> int:
     return value
 
 
-def _float(key: str, raw: Any) -> float:
+def _float(key: str, raw: object) -> float:
     _check_type(key, raw, (int, float, str), "a number")
     value = math.nan
     if isinstance(raw, str):
         if _DECIMAL_RE.fullmatch(raw.strip()):
             value = float(raw.strip())
-    else:
+    elif isinstance(raw, (int, float)):  # (what _check_type leaves)
         try:
             value = float(raw)
         except OverflowError:  # an int beyond float range
@@ -590,7 +590,7 @@ def _float(key: str, raw: Any) -> float:
     return value
 
 
-def _bool(key: str, raw: Any) -> bool:
+def _bool(key: str, raw: object) -> bool:
     if isinstance(raw, bool):
         return raw
     if raw in ("True", "true", "1"):
@@ -600,7 +600,7 @@ def _bool(key: str, raw: Any) -> bool:
     raise InputError(f"{key} must be True or False, got {raw!r}")
 
 
-def _division_value(raw: Any) -> int:
+def _division_value(raw: object) -> int:
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise TypeError(
             "roundup_power2_divisions values must be integers, got "
@@ -616,7 +616,7 @@ def _division_value(raw: Any) -> int:
     return value
 
 
-def _divisions(raw: Any) -> tuple[int, ...]:
+def _divisions(raw: object) -> tuple[int, ...]:
     if isinstance(raw, (list, tuple)):
         if len(raw) != NUM_ROUNDUP_SLOTS:
             raise InputError(
