@@ -20,7 +20,8 @@ cdef class EventCore:
 
 
 cdef class QueueStreamOps:
-    cdef public object queue, last, keep
+    cdef public object queue, last, keep, complete
+    cpdef bint marker_done(self, object marker, str call=*) except -1
     cpdef object live_queue(self)
     cdef wait_for(self, object queue)
     cpdef synchronize(self)
@@ -29,16 +30,21 @@ cdef class QueueStreamOps:
 cdef class SVMStreamOps(QueueStreamOps):
     cdef public object views, wrap_host, svm_memcpy
     cdef public Py_ssize_t scan_at, scan_bytes, unscanned
+    cdef public int status_info
+    cpdef bint marker_done(self, object marker, str call=*) except -1
 
 
 cdef class USMStreamOps(QueueStreamOps):
     cdef public object views
-    cdef public object complete
     cdef public tuple last_view
     cdef public Py_ssize_t scan_at
     cdef wait_for(self, object queue)
     cpdef bint marker_done(self, object marker, str call=*) except -1
 
 
-@cython.locals(stream=USMStreamOps)
-cpdef bint query_usm_event(object event) except -1
+cdef class QueueEventCore:
+    cdef public object marker, stream
+
+
+@cython.locals(stream=QueueStreamOps)
+cpdef bint query_queue_event(QueueEventCore event) except -1

@@ -1,9 +1,9 @@
 """The per-call methods of streams, written once: ``Stream.query``/``synchronize``,
-``Event.query``, a queue stream's ``synchronize``, and OpenCL's and XPU's ``memcpy_async``
-(docs/design.md, "Streams written once").
+``Event.query``, a queue stream's ``query`` and ``synchronize``, the queue backends' event
+query, and OpenCL's and XPU's ``memcpy_async`` (docs/design.md, "Streams written once").
 
 This file is plain Python and is also compiled, as it is, by Cython's pure-Python mode at
-install: ``_stream_ops.pxd`` beside it declares the six classes as extension types with typed
+install: ``_stream_ops.pxd`` beside it declares the seven classes as extension types with typed
 fields, so that in the build the chain from ``stream.synchronize()`` to the driver runs no
 bytecode. The same code runs interpreted where the build is missing or ``ACCELRT_PURE_PYTHON``
 is set (``accelrt._compiled.load_source_or_build``). Change this file and its ``.pxd``
@@ -14,9 +14,12 @@ together: a field here is a ``cdef public`` field there.
 per-call methods; ``Stream`` (_stream.py) derives from it. ``EventCore`` holds
 ``accelrt.Event``'s native event and its ``query``; ``Event`` derives from it.
 ``QueueStreamOps`` holds the fields of a backend's per-stream object whose stream is an
-in-order queue, and its ``synchronize``; ``SVMStreamOps`` adds the copies of a queue whose
-copies are SVM memcpys through PyOpenCL (the base of OpenCL's ``_CLStream``); ``USMStreamOps``
-those of a SYCL queue through dpctl, and its wait (the base of XPU's ``_XPUStream``). A
+in-order queue, and its ``query`` and ``synchronize``; ``SVMStreamOps`` adds how a queue of
+PyOpenCL reads a command's status and copies by SVM memcpys (the base of OpenCL's
+``_CLStream``); ``USMStreamOps`` the same of a SYCL queue through dpctl, and its wait (the base
+of XPU's ``_XPUStream``). ``QueueEventCore`` holds the two fields of a queue backend's event
+handle that ``query_queue_event``, both backends' event query, reads (the base of
+``backends._queue_streams.QueueEvent``). A
 Python call costs about 25 ns and an idle ``clFinish`` through PyOpenCL about 80 ns, so two
 Python frames on top of the driver call were 1.45x the raw call (``bench/runtime_overhead.py``
 measures it).
@@ -33,11 +36,12 @@ from typing import Any, NoReturn, Protocol
 __all__ = [
     "NO_VIEW",
     "EventCore",
+    "QueueEventCore",
     "QueueStreamOps",
     "SVMStreamOps",
     "StreamCore",
     "USMStreamOps",
-    "query_usm_event",
+    "query_queue_event",
 ]
 
 
@@ -100,8 +104,8 @@ class StreamCore:
 class EventCore:
     """``accelrt.Event``'s native event and its backend's ``event_query``, bound at the first
     record (both None before it), and its ``query``. (Its other fields are ``Event``'s own
-    slots.) Where the backend's ``event_query`` is compiled too (``xpu``: ``query_usm_event``),
-    a query runs no bytecode until the driver."""
+    slots.) Where the backend's ``event_query`` is compiled too (``opencl`` and ``xpu``:
+    ``query_queue_event``), a query runs no bytecode until the driver."""
 
     __slots__ = ("_handle", "_query")
     _handle: object
@@ -121,15 +125,28 @@ class QueueStreamOps:
     ``queue`` has a blocking ``finish()`` (None once the stream was destroyed); ``last`` is
     the last command enqueued (None once finished); ``keep`` (a ``collections.deque``) holds
     what the queue's commands need alive, each entry appended after its command was
-    enqueued. A subclass supplies ``missing()`` (raise the error of an unknown stream),
+    enqueued; ``complete`` is the status of a finished command, as ``marker_done`` reads it.
+    A subclass supplies ``missing()`` (raise the error of an unknown stream),
     ``failed(call, exc)`` (raise the error for a driver exception, or return to re-raise it),
-    and for its copies ``device_view`` and ``rescan``.
+    ``marker_done``, and for its copies ``device_view`` and ``rescan``.
     """
 
-    __slots__ = ("keep", "last", "queue")
+    __slots__ = ("complete", "keep", "last", "queue")
     queue: _Queue | None
     last: object
     keep: deque[Any]  # each backend's own entries (deque is invariant: a subclass narrows it)
+    complete: object
+
+    def query(self) -> bool:
+        """Whether the last command accelrt submitted (``last``) has completed: True when
+        there is none (work submitted directly to the native queue is not seen)."""
+        last = self.last
+        return last is None or self.marker_done(last, "stream_query")
+
+    def marker_done(self, marker: Any, call: str = "event_query") -> bool:
+        """Whether ``marker``, a command of this queue, has completed; a driver error is
+        ``failed(call, error)``'s."""
+        raise NotImplementedError
 
     def missing(self) -> NoReturn:
         """Raise the error of a stream that does not exist (any more)."""
@@ -192,16 +209,31 @@ class SVMStreamOps(QueueStreamOps):
     wait_for, nbytes)`` -> the copy's event), ``scan_at`` and ``scan_bytes`` (a copy of host
     memory calls ``rescan(keep)`` first once ``keep`` holds ``scan_at`` entries or
     ``unscanned`` bytes reach ``scan_bytes``), ``unscanned`` (bytes of host memory added to
-    ``keep`` since the last rescan).
+    ``keep`` since the last rescan), ``status_info`` (``CL_EVENT_COMMAND_EXECUTION_STATUS``,
+    read with ``event.get_info``) and ``complete`` (``CL_COMPLETE``).
     """
 
-    __slots__ = ("scan_at", "scan_bytes", "svm_memcpy", "unscanned", "views", "wrap_host")
+    __slots__ = (
+        "scan_at", "scan_bytes", "status_info", "svm_memcpy", "unscanned", "views", "wrap_host"
+    )  # fmt: skip
     views: Mapping[tuple[int, int], object]
     wrap_host: Callable[[memoryview], object]
     svm_memcpy: Callable[..., object]
     scan_at: int
     scan_bytes: int
     unscanned: int
+    status_info: int
+
+    def marker_done(self, marker: Any, call: str = "event_query") -> bool:
+        """Whether ``marker``, a ``pyopencl.Event`` of this queue, has completed (its
+        ``get_info``, a C call: PyOpenCL's ``command_execution_status`` property adds a Python
+        frame); a PyOpenCL error is ``failed(call, error)``'s."""
+        try:
+            done: bool = marker.get_info(self.status_info) == self.complete
+        except Exception as exc:
+            self.failed(call, exc)
+            raise
+        return done
 
     def memcpy_async(self, dst: int | memoryview, src: int | memoryview, nbytes: int) -> None:
         """``clEnqueueSVMMemcpy``, non-blocking; host memory is kept alive until it completes
@@ -245,21 +277,38 @@ class _SyclEvent(Protocol):
     def execution_status(self) -> object: ...
 
 
-class _USMEvent(Protocol):
-    """What ``query_usm_event`` reads of an ``xpu`` event handle (backends/xpu/_queues.py
-    ``XPUEvent``)."""
+class QueueEventCore:
+    """The fields of a queue backend's event handle that its query reads: ``marker``, the
+    native event of its last recording (None before the first), and ``stream``, the
+    ``QueueStreamOps`` it was recorded on (None before the first). The base of
+    ``backends._queue_streams.QueueEvent``; compiled, ``query_queue_event`` reads both as C
+    fields instead of looking up two attributes of a Python class."""
+
+    __slots__ = ("marker", "stream")
+    marker: object
+    stream: object
+
+
+class _QueueEvent(Protocol):
+    """What ``query_queue_event`` reads of a queue backend's event handle (a
+    ``QueueEventCore``: ``OpenCLEvent``, ``XPUEvent``)."""
 
     @property
-    def marker(self) -> _SyclEvent | None: ...
+    def marker(self) -> object: ...
 
     @property
-    def stream(self) -> USMStreamOps | None: ...
+    def stream(self) -> QueueStreamOps | None: ...
 
 
-def query_usm_event(event: _USMEvent) -> bool:
-    """The ``xpu`` backend's ``event_query``: True if ``event`` was never recorded, else whether
-    its marker has completed. Compiled, ``Event.query`` reaches dpctl with no Python frame
-    between."""
+def query_queue_event(event: _QueueEvent) -> bool:
+    """The ``event_query`` of the queue backends (``opencl``, ``xpu``): True if ``event`` was
+    never recorded, else whether its marker has completed, as the stream it was recorded on
+    reads it (``marker_done``; a driver error is that stream's ``failed("event_query", ...)``).
+    Compiled, ``Event.query`` reaches the driver with no Python frame between, and reads the
+    event's two fields from C (``.pxd``: a ``QueueEventCore``). Raises ``TypeError`` for None
+    (which the build would otherwise read as an event)."""
+    if event is None:
+        raise TypeError("query_queue_event() needs an opencl or xpu event handle, got None")
     marker = event.marker
     if marker is None:
         return True
@@ -298,18 +347,11 @@ class USMStreamOps(QueueStreamOps):
     (``bench/xpu_overhead.py`` measures them against the raw dpctl calls).
     """
 
-    __slots__ = ("complete", "last_view", "scan_at", "views")
+    __slots__ = ("last_view", "scan_at", "views")
     queue: _SyclQueue | None  # type: ignore[assignment]  # (it waits with wait, not finish)
     views: Mapping[tuple[int, int], object]
     last_view: tuple[int, int, object]
     scan_at: int
-    complete: object
-
-    def query(self) -> bool:
-        """Whether the last command accelrt submitted (``last``) has completed: True when
-        there is none (work submitted directly to the native queue is not seen)."""
-        last: Any = self.last
-        return last is None or self.marker_done(last, "stream_query")
 
     def marker_done(self, marker: _SyclEvent, call: str = "event_query") -> bool:
         """Whether ``marker``, a command of this queue, has completed; a dpctl error is

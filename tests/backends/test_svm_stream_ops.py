@@ -1,5 +1,6 @@
-"""OpenCL's ``memcpy_async`` (``SVMStreamOps``, accelrt/_stream_ops.py): what a copy does,
-and the same from the compiled build and from the Python source of that one file.
+"""OpenCL's ``memcpy_async`` and queries (``SVMStreamOps`` and ``query_queue_event``,
+accelrt/_stream_ops.py): what a copy and a query do, and the same from the compiled build and
+from the Python source of that one file.
 
 ``_CLStream`` derives from ``SVMStreamOps``: Cython's build of _stream_ops.py where it is
 installed, else the module run from its source. Here both run one script of copies over
@@ -30,9 +31,12 @@ def _from_source() -> Any:
     return module
 
 
-BUILDS = {"source": _from_source().SVMStreamOps}
+_SOURCE = _from_source()
+BUILDS = {"source": _SOURCE.SVMStreamOps}
+MODULES = {"source": _SOURCE}
 if _compiled.STREAM_OPS_REASON == "built at install":
     BUILDS["compiled"] = _compiled.STREAM_OPS.SVMStreamOps
+    MODULES["compiled"] = _compiled.STREAM_OPS
 
 
 def _recorder(base: type) -> Any:
@@ -129,3 +133,45 @@ def test_what_a_copy_does(build: str) -> None:
     assert calls[-1] == ("failed", "memcpy_async", "CL_OUT_OF_RESOURCES")
     assert len(kept) == len(record[5][2])  # nothing added
     assert record[7][0] == ("ValueError", "no such stream")
+
+
+class _Marker:
+    """A ``pyopencl.Event`` stand-in: its ``get_info``, which answers the status code only."""
+
+    def __init__(self, status: int | None) -> None:
+        self.status = status  # None: the driver fails
+
+    def get_info(self, param: int) -> int:
+        assert param == 0x11D3  # CL_EVENT_COMMAND_EXECUTION_STATUS
+        if self.status is None:
+            raise RuntimeError("clGetEventInfo failed: CL_INVALID_EVENT")
+        return self.status
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_a_query_asks_the_marker_for_its_status(build: str) -> None:
+    module = MODULES[build]
+    stream = _recorder(BUILDS[build])
+    stream.status_info, stream.complete = 0x11D3, 0  # CL_COMPLETE
+
+    class Handle(module.QueueEventCore):  # an OpenCLEvent stand-in: its marker and stream
+        __slots__ = ()
+
+        def __init__(self, marker: _Marker | None) -> None:
+            self.marker = marker
+            self.stream = stream if marker is not None else None
+
+    assert module.query_queue_event(Handle(None)) is True  # never recorded
+    assert module.query_queue_event(Handle(_Marker(1))) is False  # CL_RUNNING
+    assert module.query_queue_event(Handle(_Marker(0))) is True
+    with pytest.raises(RuntimeError, match="CL_INVALID_EVENT"):
+        module.query_queue_event(Handle(_Marker(None)))
+    assert stream.calls == [("failed", "event_query", "clGetEventInfo failed: CL_INVALID_EVENT")]
+    stream.calls.clear()
+    assert stream.query() is True  # nothing enqueued
+    stream.last = _Marker(2)  # CL_SUBMITTED
+    assert stream.query() is False
+    stream.last = _Marker(None)
+    with pytest.raises(RuntimeError, match="CL_INVALID_EVENT"):
+        stream.query()
+    assert stream.calls == [("failed", "stream_query", "clGetEventInfo failed: CL_INVALID_EVENT")]

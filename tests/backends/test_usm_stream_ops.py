@@ -1,5 +1,5 @@
 """The ``xpu`` backend's copies, waits and event queries (``USMStreamOps`` and
-``query_usm_event``, accelrt/_stream_ops.py): what a copy, a ``synchronize`` and a query do, and
+``query_queue_event``, accelrt/_stream_ops.py): what a copy, a ``synchronize`` and a query do, and
 the same from the compiled build and from the Python source of that one file.
 
 ``_XPUStream`` derives from ``USMStreamOps``: Cython's build of _stream_ops.py where it is
@@ -215,14 +215,18 @@ def test_an_event_query_asks_its_marker(build: str) -> None:
     stream = _recorder(*BUILDS[build])
     stream.complete = "complete"
 
-    class Handle:  # an XPUEvent stand-in: the marker of its last record and its stream
+    class Handle(module.QueueEventCore):  # an XPUEvent stand-in: its marker and its stream
+        __slots__ = ()
+
         def __init__(self, marker: _Event | None) -> None:
             self.marker = marker
             self.stream = stream if marker is not None else None
 
-    assert module.query_usm_event(Handle(None)) is True  # never recorded
-    assert module.query_usm_event(Handle(_Event("running"))) is False
-    assert module.query_usm_event(Handle(_Event("complete"))) is True
+    with pytest.raises(TypeError, match=r"needs an opencl or xpu event handle, got None"):
+        module.query_queue_event(None)
+    assert module.query_queue_event(Handle(None)) is True  # never recorded
+    assert module.query_queue_event(Handle(_Event("running"))) is False
+    assert module.query_queue_event(Handle(_Event("complete"))) is True
     with pytest.raises(RuntimeError, match="device lost"):
-        module.query_usm_event(Handle(_Event("lost")))
+        module.query_queue_event(Handle(_Event("lost")))
     assert stream.calls == [("failed", "event_query", "device lost")]

@@ -7,19 +7,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from .._stream_ops import QueueEventCore  # the build where there is one (_compiled.py)
+
 __all__ = ["QueueEvent", "QueueStreamsEvents", "no_stream"]
 
 
-class QueueEvent:
+class QueueEvent(QueueEventCore):
     """An event handle of a queue backend: the marker of its last recording (None before the
-    first) and the stream it was recorded on (whose finished copies waiting on it forgets).
+    first) and the stream it was recorded on (whose finished copies waiting on it forgets),
+    both ``QueueEventCore``'s fields (accelrt/_stream_ops.py, compiled where it can be).
 
     Each backend's class names the types of the two (``OpenCLEvent``: a ``CLEvent`` and a
     ``_CLStream``; ``XPUEvent``: a ``dpctl.SyclEvent`` and an ``_XPUStream``)."""
 
-    __slots__ = ("device", "marker", "stream", "timing")
-    marker: object
-    stream: object
+    __slots__ = ("device", "timing")
 
     def __init__(self, device: int, timing: bool) -> None:
         self.device = device

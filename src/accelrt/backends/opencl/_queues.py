@@ -134,25 +134,11 @@ class _CLStream(SVMStreamOps):
         self.scan_at = _KEEP_SCAN  # the length of keep at which a copy forgets finished ones
         self.scan_bytes = _KEEP_SCAN_BYTES
         self.unscanned = 0  # bytes of host objects added to keep since it was last looked at
+        self.status_info = _EXECUTION_STATUS  # what marker_done reads of an event, and
+        self.complete = _CL_COMPLETE  # the status of a finished one
 
-    def query(self) -> bool:
-        """Whether the last command accelrt enqueued on the queue has completed.
-
-        Work enqueued directly on the native queue is not seen; record an event after it.
-        ``_streams.event_query`` asks the same of a marker, written out in both places: a
-        shared helper adds a call to this hot path (``bench/runtime_overhead.py`` measures it).
-        """
-        last = self.last
-        if last is None:  # nothing enqueued, or finished
-            return True
-        try:
-            status: int = last.get_info(_EXECUTION_STATUS)
-        except Exception as exc:
-            _raise_driver_error("stream_query", exc)
-            raise
-        return status == _CL_COMPLETE
-
-    # synchronize: QueueStreamOps's (compiled where it can be), with these two
+    # query and synchronize: QueueStreamOps's, marker_done SVMStreamOps' (compiled where they
+    # can be), with these two
     def missing(self) -> NoReturn:
         """Raise the ``ValueError`` of an unknown handle (the stream was destroyed)."""
         raise _no_stream(self.device.index, self.handle)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..._errors import AcceleratorError
-from ..._stream_ops import query_usm_event
+from ..._stream_ops import query_queue_event
 from .._queue_streams import QueueStreamsEvents
 from ._devices import _Devices
 from ._queues import XPUEvent, _drop_completed, _XPUStream
@@ -115,7 +115,7 @@ class _StreamsEvents(_Devices, QueueStreamsEvents[_XPUStream, XPUEvent]):
     # ------------------------------------------------------------------ events
     # True if unrecorded or the marker's execution status is ``complete``: the function itself
     # (compiled in accelrt/_stream_ops.py), which Event.query calls with no Python frame between
-    event_query = staticmethod(query_usm_event)
+    event_query = staticmethod(query_queue_event)
 
     def event_synchronize(self, event: XPUEvent) -> None:
         """``SyclEvent.wait()`` on the marker; forget the finished copies of its stream."""
