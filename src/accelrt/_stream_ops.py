@@ -199,6 +199,12 @@ class QueueStreamOps:
         self.last = None
 
 
+class _CLEvent(Protocol):
+    """What ``SVMStreamOps.marker_done`` calls on a ``pyopencl.Event``."""
+
+    def get_info(self, param: int, /) -> object: ...
+
+
 class SVMStreamOps(QueueStreamOps):
     """A queue stream whose copies are ``clEnqueueSVMMemcpy`` calls through PyOpenCL: the base
     of OpenCL's ``_CLStream`` (backends/opencl/_queues.py).
@@ -224,7 +230,7 @@ class SVMStreamOps(QueueStreamOps):
     unscanned: int
     status_info: int
 
-    def marker_done(self, marker: Any, call: str = "event_query") -> bool:
+    def marker_done(self, marker: _CLEvent, call: str = "event_query") -> bool:
         """Whether ``marker``, a ``pyopencl.Event`` of this queue, has completed (its
         ``get_info``, a C call: PyOpenCL's ``command_execution_status`` property adds a Python
         frame); a PyOpenCL error is ``failed(call, error)``'s."""
