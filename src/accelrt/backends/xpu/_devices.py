@@ -14,7 +14,7 @@ from ..._lazy import made_once
 from ..._stream_ops import NO_VIEW  # the build where there is one (_compiled.py)
 from ..._text import error_line
 from .._base import DType, choose_visible, dtypes
-from ._queues import _complete, _XPUStream
+from ._queues import _XPUStream
 from ._sycl import INSTALL_HINT, _icd_note, _import_dpctl
 
 if TYPE_CHECKING:
@@ -58,8 +58,6 @@ class _XPUDevice:
         self.index = index
         self.context: SyclContext = dpctl.SyclContext(device)
         self.complete = dpctl.event_status_type.complete
-        if not _complete:
-            _complete.append(self.complete)
         self.allocations: dict[int, MemoryUSMDevice] = {}
         self.held = 0
         # (pointer, bytes) -> a dpctl MemoryUSMDevice view of that range (copies use it);

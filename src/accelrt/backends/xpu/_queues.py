@@ -41,9 +41,6 @@ class XPUEvent(QueueEvent):
     stream: _XPUStream | None
 
 
-_complete: list[event_status_type] = []  # dpctl.event_status_type.complete, once dpctl is imported
-
-
 def _no_stream(index: int, stream: int) -> ValueError:
     return no_stream("xpu", index, stream)
 
