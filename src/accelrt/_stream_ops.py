@@ -120,7 +120,7 @@ class EventCore:
 
 
 class QueueStreamOps:
-    """The fields of a stream that is an in-order queue, and its ``synchronize``.
+    """The fields of a stream that is an in-order queue, and its ``query`` and ``synchronize``.
 
     ``queue`` has a blocking ``finish()`` (None once the stream was destroyed); ``last`` is
     the last command enqueued (None once finished); ``keep`` (a ``collections.deque``) holds
