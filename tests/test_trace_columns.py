@@ -26,6 +26,9 @@ from accelrt.trace import Trace, TraceEvent, TraceEvents, TraceFormatError, _jso
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "traces").glob("*.jsonl.gz"))
 SHARED = sorted((ROOT.parent / "shared" / "traces" / "cpu").glob("*.jsonl.gz"))
+# the committed example traces on every clone, and the real CPU traces where they lie beside
+# the repository (slow): nothing here skips on a fresh clone
+TRACES = [*EXAMPLES, *(pytest.param(p, id=p.name, marks=pytest.mark.slow) for p in SHARED)]
 HEADER = {"type": "header", "format": "alloc-trace-jsonl", "format_version": 1, "name": "t"}
 
 
@@ -59,15 +62,8 @@ def _write_raw(path: Path, text: str | bytes, *, gz: bool = True) -> Path:
     return path
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_traces_read_as_the_reference_reads_them(path: Path) -> None:
-    _same_as_reference(path)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SHARED, reason="no shared CPU traces beside the repository")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_real_cpu_traces_read_as_the_reference_reads_them(path: Path) -> None:
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_traces_read_as_the_reference_reads_them(path: Path) -> None:
     _same_as_reference(path)
 
 
@@ -237,21 +233,12 @@ def _same_replay(trace: Trace, monkeypatch: pytest.MonkeyPatch, **options: Any) 
     assert fast == _report(trace, replay_module._run_events_reference, monkeypatch, **options)
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_replay_of_example_traces_is_the_reference_one(
-    path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("config", ["defaults", "expandable_segments:True", "policy:accelrt"])
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_replay_of_traces_is_the_reference_one(
+    path: Path, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _same_replay(load(path), monkeypatch)
-    _same_replay(load(path), monkeypatch, config="expandable_segments:True")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SHARED, reason="no shared CPU traces beside the repository")
-@pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name)
-def test_replay_of_real_cpu_traces_is_the_reference_one(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _same_replay(load(path), monkeypatch)
+    _same_replay(load(path), monkeypatch, config=config)
 
 
 def test_replay_with_ooms_skips_and_streams_is_the_reference_one(
