@@ -38,6 +38,10 @@ FRAMES = [
 MAPHSGE4 = (
     Path(__file__).parents[2] / "shared/traces/gpu_snapshots/raw/Maphsge4__snapshot_ec5be11.pickle"
 )
+EXAMPLE = Path(__file__).parents[1] / "examples" / "traces" / "two_device_midrun.pickle"
+# (file, device): the committed two-device example on every clone, and a real 9-stream recording
+# of many segments where the shared snapshots lie beside the repository
+PICTURED = [(EXAMPLE, 0), (EXAMPLE, 1)] + [(MAPHSGE4, 0)] * MAPHSGE4.exists()
 
 
 def _without_history(path: Path) -> Path:
@@ -214,10 +218,10 @@ def test_the_collector_is_paused_inside_only() -> None:
         gc.enable()
 
 
-@pytest.mark.skipif(not MAPHSGE4.exists(), reason="the shared real snapshots are not here")
-def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
-    snapshot = read_snapshot(MAPHSGE4)
-    picture = SnapshotPicture.take(MAPHSGE4, snapshot, 0)
+@pytest.mark.parametrize(("path", "device"), PICTURED, ids=lambda v: getattr(v, "stem", v))
+def test_a_picture_taken_before_the_replay_is_the_same_picture(path: Path, device: int) -> None:
+    snapshot = read_snapshot(path)
+    picture = SnapshotPicture.take(path, snapshot, device)
     assert picture.trace is not None
     from accelrt.replay import replay
     from accelrt.view import picture_moments
@@ -227,15 +231,15 @@ def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
         picture.trace,
         report,
         title=picture.title,
-        entries=snapshot["device_traces"][0],
-        end_segments=[s for s in snapshot["segments"] if s.get("device", 0) == 0],
+        entries=snapshot["device_traces"][device],
+        end_segments=[s for s in snapshot["segments"] if s.get("device", 0) == device],
     )
     del snapshot  # the picture does not need it
     drawn = picture.draw(replay(picture.trace, capture_at=picture.capture_at(16)))
     for name in ("start", "end", "size", "addr", "stack", "event_kind", "event_alloc", "times"):
         assert np.array_equal(getattr(drawn, name), getattr(whole, name)), name
     assert drawn.stacks == whole.stacks and drawn.moments == whole.moments
-    assert drawn.ooms == whole.ooms and drawn.title == "Maphsge4__snapshot_ec5be11"
+    assert drawn.ooms == whole.ooms and drawn.title == path.stem
     # the page sends a segment unchanged since the moment before once
     _, meta = _page_data(render_html(drawn))
     rows = sum(len(m["segments"]) for m in drawn.moments)
@@ -245,14 +249,14 @@ def test_a_picture_taken_before_the_replay_is_the_same_picture() -> None:
     ]
 
 
-@pytest.mark.skipif(not MAPHSGE4.exists(), reason="the shared real snapshots are not here")
+@pytest.mark.parametrize(("path", "device"), PICTURED, ids=lambda v: getattr(v, "stem", v))
 def test_a_recording_of_many_segments_captures_fewer_moments(
-    monkeypatch: pytest.MonkeyPatch,
+    path: Path, device: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from accelrt.replay import replay
     from accelrt.view import _moments, picture_moments
 
-    picture = SnapshotPicture.take(MAPHSGE4, read_snapshot(MAPHSGE4), 0)
+    picture = SnapshotPicture.take(path, read_snapshot(path), device)
     trace = picture.trace
     assert trace is not None and trace.recording is not None
     segments = max(len(trace.recording.start_segments), trace.recording.segments_at_end)
