@@ -11,32 +11,14 @@ call they made, what they keep alive, and their counters.
 
 from __future__ import annotations
 
-import importlib.util
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import pytest
+from stream_ops_builds import stream_ops_builds
 
-from accelrt import _compiled
-
-
-def _from_source() -> Any:
-    """_stream_ops.py run as Python, under a name of its own (beside the build)."""
-    path = Path(_compiled.STREAM_OPS.__file__).with_name("_stream_ops.py")
-    spec = importlib.util.spec_from_file_location("stream_ops_from_source", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_SOURCE = _from_source()
-BUILDS = {"source": _SOURCE.SVMStreamOps}
-MODULES = {"source": _SOURCE}
-if _compiled.STREAM_OPS_REASON == "built at install":
-    BUILDS["compiled"] = _compiled.STREAM_OPS.SVMStreamOps
-    MODULES["compiled"] = _compiled.STREAM_OPS
+MODULES = stream_ops_builds("stream_ops_from_source")
+BUILDS = {build: module.SVMStreamOps for build, module in MODULES.items()}
 
 
 def _recorder(base: type) -> Any:

@@ -11,30 +11,14 @@ the same record: every call they made, what they keep alive, and the view they r
 
 from __future__ import annotations
 
-import importlib.util
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import pytest
+from stream_ops_builds import stream_ops_builds
 
-from accelrt import _compiled
-
-
-def _from_source() -> Any:
-    """_stream_ops.py run as Python, under a name of its own (beside the build)."""
-    path = Path(_compiled.STREAM_OPS.__file__).with_name("_stream_ops.py")
-    spec = importlib.util.spec_from_file_location("usm_stream_ops_from_source", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_SOURCE = _from_source()
-BUILDS = {"source": (_SOURCE.USMStreamOps, _SOURCE.NO_VIEW)}
-if _compiled.STREAM_OPS_REASON == "built at install":
-    BUILDS["compiled"] = (_compiled.STREAM_OPS.USMStreamOps, _compiled.STREAM_OPS.NO_VIEW)
+MODULES = stream_ops_builds("usm_stream_ops_from_source")
+BUILDS = {build: (module.USMStreamOps, module.NO_VIEW) for build, module in MODULES.items()}
 
 
 class _Queue:
@@ -211,7 +195,7 @@ def test_query_asks_the_last_command(build: str) -> None:
 
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_an_event_query_asks_its_marker(build: str) -> None:
-    module = _SOURCE if build == "source" else _compiled.STREAM_OPS
+    module = MODULES[build]
     stream = _recorder(*BUILDS[build])
     stream.complete = "complete"
 
