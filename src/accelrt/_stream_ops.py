@@ -292,21 +292,10 @@ class QueueEventCore:
 
     __slots__ = ("marker", "stream")
     marker: object
-    stream: object
+    stream: QueueStreamOps | None
 
 
-class _QueueEvent(Protocol):
-    """What ``query_queue_event`` reads of a queue backend's event handle (a
-    ``QueueEventCore``: ``OpenCLEvent``, ``XPUEvent``)."""
-
-    @property
-    def marker(self) -> object: ...
-
-    @property
-    def stream(self) -> QueueStreamOps | None: ...
-
-
-def query_queue_event(event: _QueueEvent) -> bool:
+def query_queue_event(event: QueueEventCore | None) -> bool:
     """The ``event_query`` of the queue backends (``opencl``, ``xpu``): True if ``event`` was
     never recorded, else whether its marker has completed, as the stream it was recorded on
     reads it (``marker_done``; a driver error is that stream's ``failed("event_query", ...)``).
