@@ -19,10 +19,9 @@ PyOpenCL reads a command's status and copies by SVM memcpys (the base of OpenCL'
 ``_CLStream``); ``USMStreamOps`` the same of a SYCL queue through dpctl, and its wait (the base
 of XPU's ``_XPUStream``). ``QueueEventCore`` holds the two fields of a queue backend's event
 handle that ``query_queue_event``, both backends' event query, reads (the base of
-``backends._queue_streams.QueueEvent``). A
-Python call costs about 25 ns and an idle ``clFinish`` through PyOpenCL about 80 ns, so two
-Python frames on top of the driver call were 1.45x the raw call (``bench/runtime_overhead.py``
-measures it).
+``backends._queue_streams.QueueEvent``). A Python call costs about 25 ns and an idle
+``clFinish`` through PyOpenCL about 80 ns, so two Python frames on top of the driver call were
+1.45x the raw call (``bench/runtime_overhead.py`` measures it).
 
 Nothing here imports the rest of accelrt: it sits at the bottom of the layers.
 """
